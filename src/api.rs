@@ -1,0 +1,91 @@
+//! The sidecar's local API, for the application beside it:
+//!
+//! - `POST /v1/jobs/{id}/progress` `{"progress":0.4,"stage":"render","message":"page 3"}` —
+//!   records progress for a job this worker runs (fenced by its lease) and keeps its message
+//!   alive. `200` recorded; `404` not running here; `409` taken from this worker (stop work);
+//!   `400` malformed body.
+//! - `GET /healthz` — the process is alive (liveness: never checks the servers).
+//! - `GET /readyz` — PostgreSQL and NATS answer (readiness).
+
+use crate::handler::Progress;
+use crate::worker::Shared;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let app = Router::new()
+        .route("/v1/jobs/{id}/progress", post(progress))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .with_state(shared);
+    let shutdown = async move { cancel.cancelled().await };
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
+        warn!(cause = %e, "local API stopped");
+    }
+}
+
+async fn progress(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> impl IntoResponse {
+    let report: Progress = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": format!(
+                    "body must be a JSON object with optional progress (number), stage and message (strings): {e}"
+                )})),
+            )
+        }
+    };
+    let running_here = shared
+        .inflight
+        .lock()
+        .expect("inflight lock")
+        .contains_key(&id);
+    if !running_here {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": format!("job {id} is not running on this worker")})),
+        );
+    }
+    match crate::worker::executor_report(&shared, &id, &report).await {
+        Ok(()) => (StatusCode::OK, Json(json!({"ok": true}))),
+        Err(_) => (
+            StatusCode::CONFLICT,
+            Json(json!({"error": format!("job {id} was taken from this worker; stop working on it")})),
+        ),
+    }
+}
+
+async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let pg = shared.store.ping().await;
+    let nats = shared.broker.client.connection_state();
+    let nats_ok = matches!(nats, async_nats::connection::State::Connected);
+    match (pg, nats_ok) {
+        (Ok(()), true) => (StatusCode::OK, "ready".to_string()),
+        (pg, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "postgres: {}; nats: {nats:?}",
+                pg.map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string())
+            ),
+        ),
+    }
+}

@@ -1,0 +1,197 @@
+//! Retry policy: how long to wait before the next attempt, and what a finished attempt makes
+//! of the job. Pure functions, unit tested; the store applies what they decide.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How the delay grows between attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffKind {
+    /// Always `base`.
+    Fixed,
+    /// `base × attempt`.
+    Linear,
+    /// `base × 2^(attempt-1)`.
+    Exponential,
+}
+
+/// A queue's backoff: kind, base delay, cap, and jitter (fraction of the delay, 0–1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backoff {
+    pub kind: BackoffKind,
+    #[serde(with = "humantime_serde")]
+    pub base: Duration,
+    #[serde(with = "humantime_serde", default = "default_max")]
+    pub max: Duration,
+    #[serde(default)]
+    pub jitter: f64,
+}
+
+fn default_max() -> Duration {
+    Duration::from_secs(3600)
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            kind: BackoffKind::Exponential,
+            base: Duration::from_secs(1),
+            max: default_max(),
+            jitter: 0.0,
+        }
+    }
+}
+
+impl Backoff {
+    /// Delay after the failed attempt number `attempt` (1-based), before jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let n = attempt.max(1);
+        let d = match self.kind {
+            BackoffKind::Fixed => self.base,
+            BackoffKind::Linear => self.base.saturating_mul(n),
+            BackoffKind::Exponential => self
+                .base
+                .saturating_mul(2u32.saturating_pow((n - 1).min(31))),
+        };
+        d.min(self.max)
+    }
+
+    /// Delay with jitter applied: `unit` in [0, 1) picks a point in ±jitter/2 around the delay.
+    pub fn delay_jittered(&self, attempt: u32, unit: f64) -> Duration {
+        let d = self.delay(attempt);
+        if self.jitter <= 0.0 {
+            return d;
+        }
+        let factor = 1.0 + self.jitter * (unit.clamp(0.0, 1.0) - 0.5);
+        d.mul_f64(factor.max(0.0)).min(self.max)
+    }
+}
+
+/// How a handler's attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Success(Option<serde_json::Value>),
+    /// Worth another attempt; `retry_after` overrides the backoff (e.g. HTTP `Retry-After`).
+    Retry {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+    /// Will never succeed: dead-letter at once.
+    Permanent { error: String },
+}
+
+/// What the store should make of the job after an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    Complete(Option<serde_json::Value>),
+    /// Run again after `delay` (waits in Postgres as `scheduled`).
+    RetryAfter { delay: Duration, error: String },
+    Dead { error: String },
+}
+
+/// Decides the next state of a job whose attempt number `attempt` (1-based, already counted)
+/// ended with `outcome`, given `max_attempts` and the queue's backoff.
+pub fn settle(
+    outcome: Outcome,
+    attempt: u32,
+    max_attempts: u32,
+    backoff: &Backoff,
+    jitter_unit: f64,
+) -> Settlement {
+    match outcome {
+        Outcome::Success(result) => Settlement::Complete(result),
+        Outcome::Permanent { error } => Settlement::Dead {
+            error: format!("permanent error: {error}"),
+        },
+        Outcome::Retry { error, .. } if attempt >= max_attempts => Settlement::Dead {
+            error: format!("{error} (attempt {attempt} of {max_attempts}, no attempts left)"),
+        },
+        Outcome::Retry { error, retry_after } => Settlement::RetryAfter {
+            delay: retry_after
+                .map(|d| d.min(backoff.max))
+                .unwrap_or_else(|| backoff.delay_jittered(attempt, jitter_unit)),
+            error,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(kind: BackoffKind, base_s: u64) -> Backoff {
+        Backoff {
+            kind,
+            base: Duration::from_secs(base_s),
+            max: Duration::from_secs(3600),
+            jitter: 0.0,
+        }
+    }
+
+    #[test]
+    fn exponential_doubles() {
+        let e = b(BackoffKind::Exponential, 1);
+        let got: Vec<u64> = (1..=4).map(|a| e.delay(a).as_secs()).collect();
+        assert_eq!(got, vec![1, 2, 4, 8]);
+    }
+
+    #[test]
+    fn linear_and_fixed() {
+        assert_eq!(b(BackoffKind::Linear, 3).delay(3), Duration::from_secs(9));
+        assert_eq!(b(BackoffKind::Fixed, 10).delay(7), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn cap_holds_even_for_huge_attempts() {
+        let mut e = b(BackoffKind::Exponential, 1);
+        e.max = Duration::from_secs(60);
+        assert_eq!(e.delay(1000), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn jitter_stays_in_band() {
+        let mut e = b(BackoffKind::Fixed, 10);
+        e.jitter = 0.2;
+        assert_eq!(e.delay_jittered(1, 0.0), Duration::from_secs(9));
+        assert_eq!(e.delay_jittered(1, 1.0), Duration::from_secs(11));
+        assert_eq!(e.delay_jittered(1, 0.5), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn settle_decides() {
+        let e = b(BackoffKind::Exponential, 1);
+        let retry = || Outcome::Retry {
+            error: "boom".into(),
+            retry_after: None,
+        };
+        assert_eq!(
+            settle(retry(), 2, 3, &e, 0.5),
+            Settlement::RetryAfter {
+                delay: Duration::from_secs(2),
+                error: "boom".into()
+            }
+        );
+        assert!(matches!(settle(retry(), 3, 3, &e, 0.5), Settlement::Dead { .. }));
+        assert!(matches!(
+            settle(Outcome::Permanent { error: "bad".into() }, 1, 3, &e, 0.5),
+            Settlement::Dead { .. }
+        ));
+        let honoured = Outcome::Retry {
+            error: "429".into(),
+            retry_after: Some(Duration::from_secs(30)),
+        };
+        assert_eq!(
+            settle(honoured, 1, 3, &e, 0.5),
+            Settlement::RetryAfter {
+                delay: Duration::from_secs(30),
+                error: "429".into()
+            }
+        );
+        assert_eq!(
+            settle(Outcome::Success(None), 1, 1, &e, 0.5),
+            Settlement::Complete(None)
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! `jobwarden bench`: pushes no-op jobs through a real worker against real servers and prints
+//! throughput, publish-to-handler-start latency percentiles and peak RSS.
+//!
+//! Each run uses its own schema, stream and subject prefix (dropped afterwards), so it can
+//! point at a shared PostgreSQL and nats-server. Phases, for the in-process Rust handler and
+//! then the HTTP handler (a local no-op app):
+//! 1. throughput: publish N jobs first, start the worker, time until all are completed;
+//! 2. latency: with the worker idle and waiting, publish jobs at a steady rate; each payload
+//!    carries its publish time, the handler records `start - publish`.
+
+use crate::broker::Broker;
+use crate::config::{Config, HandlerConfig, QueueConfig};
+use crate::handler::{from_fn, Handler};
+use crate::store::Store;
+use crate::worker::{Stats, Worker};
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Jobs in the throughput phase.
+    #[arg(long, default_value_t = 50_000)]
+    pub jobs: usize,
+    /// Jobs in the latency phase.
+    #[arg(long, default_value_t = 2_000)]
+    pub latency_jobs: usize,
+    /// Publish rate in the latency phase (jobs per second).
+    #[arg(long, default_value_t = 500)]
+    pub rate: u64,
+    /// Handler slots of the bench queue.
+    #[arg(long, default_value_t = 512)]
+    pub concurrency: usize,
+    /// Skip the HTTP handler phases.
+    #[arg(long)]
+    pub no_http: bool,
+    /// Start throwaway nats-server and PostgreSQL instead of the configured ones.
+    #[arg(long)]
+    pub throwaway: bool,
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros() as i64
+}
+
+/// Peak resident set size of this process (VmHWM), in MiB.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// p-th percentile (0–100) of sorted samples.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
+    let mut base = Config::load_connections(config_path)?;
+    let _servers = if args.throwaway {
+        let nats = crate::testkit::NatsServer::start()?;
+        let pg = crate::testkit::PgCluster::start()?;
+        base.nats.url = nats.url();
+        base.database.url = pg.url();
+        Some((nats, pg))
+    } else {
+        None
+    };
+    println!(
+        "jobwarden bench: {} cores, PostgreSQL {}, NATS {}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        crate::config::redact_url(&base.database.url),
+        crate::config::redact_url(&base.nats.url)
+    );
+    let mut kinds = vec!["rust"];
+    if !args.no_http {
+        kinds.push("http");
+    }
+    for kind in kinds {
+        let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let app = if kind == "http" {
+            Some(NoopApp::start(latencies.clone()).await?)
+        } else {
+            None
+        };
+        let handler = app.as_ref().map(|a| HandlerConfig::Http { url: a.url.clone() });
+        let through =
+            phase(&base, &args, handler.clone(), Phase::Throughput, latencies.clone()).await?;
+        let lat = phase(&base, &args, handler, Phase::Latency, latencies).await?;
+        println!(
+            "{kind:>4} handler: {:>8.0} jobs/s ({} jobs in {:.2}s) | publish→start latency p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} jobs at {}/s)",
+            through.jobs as f64 / through.elapsed.as_secs_f64(),
+            through.jobs,
+            through.elapsed.as_secs_f64(),
+            percentile(&lat.latencies_us, 50.0) as f64 / 1000.0,
+            percentile(&lat.latencies_us, 95.0) as f64 / 1000.0,
+            percentile(&lat.latencies_us, 99.0) as f64 / 1000.0,
+            lat.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
+            lat.jobs,
+            args.rate,
+        );
+    }
+    println!("peak RSS (worker + bench publisher, one process): {:.1} MiB", peak_rss_mib());
+    Ok(())
+}
+
+#[derive(PartialEq, Clone, Copy)]
+enum Phase {
+    Throughput,
+    Latency,
+}
+
+struct PhaseResult {
+    jobs: usize,
+    elapsed: Duration,
+    latencies_us: Vec<u64>,
+}
+
+async fn phase(
+    base: &Config,
+    args: &BenchArgs,
+    http: Option<HandlerConfig>,
+    phase: Phase,
+    latencies: Arc<Mutex<Vec<u64>>>,
+) -> Result<PhaseResult> {
+    latencies.lock().unwrap().clear();
+    let name = crate::testkit::unique_name("bench");
+    let mut config = base.clone();
+    config.database.schema = name.clone();
+    config.nats.stream = name.to_uppercase();
+    config.nats.subject_prefix = name.clone();
+    config.worker.api_listen = "127.0.0.1:0".into();
+    config.worker.hostname = Some("bench".into());
+    let queue = QueueConfig {
+        concurrency: args.concurrency,
+        handler: Some(http.unwrap_or(HandlerConfig::Rust {
+            name: "noop".into(),
+        })),
+        ..QueueConfig::default()
+    };
+    config.queues.insert("bench".into(), queue);
+    config.validate()?;
+
+    let lat = latencies.clone();
+    let noop: Arc<dyn Handler> = from_fn(move |job| {
+        let lat = lat.clone();
+        async move {
+            if let Some(t) = job.payload.get("t").and_then(|t| t.as_i64()) {
+                lat.lock().unwrap().push((now_micros() - t).max(0) as u64);
+            }
+            Ok(None)
+        }
+    });
+    let n = if phase == Phase::Throughput {
+        args.jobs
+    } else {
+        args.latency_jobs
+    };
+    // Provision first so messages published before the worker starts are kept.
+    let store = Store::connect(&config.database).await?;
+    store.migrate().await?;
+    let broker = Broker::connect(&config.nats).await?;
+    broker.provision_stream().await?;
+    broker.provision_consumer("bench").await?;
+    let subject = broker.subject("bench");
+
+    let cancel = CancellationToken::new();
+    let result = if phase == Phase::Throughput {
+        publish(&broker, &subject, n, None).await?;
+        let started = Instant::now();
+        let worker = Worker::new(config.clone())
+            .rust_handler("noop", noop)
+            .start(cancel.clone())
+            .await?;
+        wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
+        let elapsed = started.elapsed();
+        worker.shutdown().await;
+        PhaseResult {
+            jobs: n,
+            elapsed,
+            latencies_us: vec![],
+        }
+    } else {
+        let worker = Worker::new(config.clone())
+            .rust_handler("noop", noop)
+            .start(cancel.clone())
+            .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        publish(&broker, &subject, n, Some(args.rate)).await?;
+        wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
+        let elapsed = started.elapsed();
+        worker.shutdown().await;
+        let mut l = latencies.lock().unwrap().clone();
+        l.sort_unstable();
+        PhaseResult {
+            jobs: n,
+            elapsed,
+            latencies_us: l,
+        }
+    };
+    let _ = broker.js.delete_stream(&config.nats.stream).await;
+    store.drop_schema().await?;
+    Ok(result)
+}
+
+/// Publishes `n` plain-object jobs carrying their publish time; paced at `rate`/s if given.
+async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) -> Result<()> {
+    let started = Instant::now();
+    let mut acks = Vec::with_capacity(1024);
+    for i in 0..n {
+        if let Some(r) = rate {
+            let due = started + Duration::from_secs_f64(i as f64 / r as f64);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let body = serde_json::to_vec(&json!({"t": now_micros(), "i": i}))?;
+        acks.push(
+            broker
+                .js
+                .publish(subject.to_string(), body.into())
+                .await
+                .context("publish")?,
+        );
+        if acks.len() >= 1000 || rate.is_some() {
+            for a in acks.drain(..) {
+                a.await.context("publish ack")?;
+            }
+        }
+    }
+    for a in acks {
+        a.await.context("publish ack")?;
+    }
+    Ok(())
+}
+
+async fn wait_completed(stats: &Stats, n: u64, limit: Duration) -> Result<()> {
+    let started = Instant::now();
+    while Stats::get(&stats.completed) < n {
+        if started.elapsed() > limit {
+            anyhow::bail!(
+                "only {} of {n} jobs completed within {limit:?}",
+                Stats::get(&stats.completed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// A local no-op application for the HTTP handler: records the job's publish-to-start latency
+/// and answers 200.
+struct NoopApp {
+    url: String,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl NoopApp {
+    async fn start(latencies: Arc<Mutex<Vec<u64>>>) -> Result<NoopApp> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = axum::Router::new().route(
+            "/jobs",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let latencies = latencies.clone();
+                async move {
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    if let Some(t) = v["payload"]["t"].as_i64() {
+                        latencies.lock().unwrap().push((now_micros() - t).max(0) as u64);
+                    }
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(NoopApp {
+            url: format!("http://{addr}/jobs"),
+            _task: task,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(super::percentile(&v, 50.0), 51);
+        assert_eq!(super::percentile(&v, 99.0), 99);
+        assert_eq!(super::percentile(&v, 100.0), 100);
+        assert_eq!(super::percentile(&[], 50.0), 0);
+    }
+}

@@ -1,0 +1,657 @@
+//! Configuration: a TOML file layered under `JOBWARDEN_…` environment variables, turned into
+//! a typed [`Config`] and validated once, at start-up, with every problem reported at once.
+//!
+//! Environment variables use `__` between levels: `JOBWARDEN_DATABASE__URL`,
+//! `JOBWARDEN_WORKER__HOSTNAME`, `JOBWARDEN_QUEUES__EMAIL__CONCURRENCY`.
+//! See `docs/configuration.md` and `examples/jobwarden.toml`.
+
+use crate::backoff::{Backoff, BackoffKind};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_SCHEMA: &str = "jobwarden";
+pub const DEFAULT_POOL_SIZE: usize = 16;
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+pub const DEFAULT_STREAM: &str = "JOBS";
+pub const DEFAULT_SUBJECT_PREFIX: &str = "jobs";
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(600);
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+pub const DEFAULT_MAX_ACK_PENDING: i64 = 20_000;
+pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:7433";
+pub const DEFAULT_HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
+pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(30);
+pub const DEFAULT_SCHEDULER_EVERY: Duration = Duration::from_millis(250);
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_CLAIM_BATCH: usize = 256;
+pub const DEFAULT_CONCURRENCY: usize = 10;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+/// The whole configuration. Every field has a default, so an empty file is valid except that
+/// at least one queue must be named.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub nats: NatsConfig,
+    pub worker: WorkerConfig,
+    /// The handler used by queues that name none.
+    pub handler: Option<HandlerConfig>,
+    pub queues: BTreeMap<String, QueueConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    pub url: String,
+    /// Schema holding jobwarden's tables; several installations can share one database.
+    pub schema: String,
+    pub pool_size: usize,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    pub url: String,
+    pub credentials_file: Option<String>,
+    pub stream: String,
+    /// Jobs are published to `<subject_prefix>.<queue>`.
+    pub subject_prefix: String,
+    /// Create or update the stream and consumers at start (turn off when an operator or the
+    /// NACK controller provisions them).
+    pub provision: bool,
+    #[serde(with = "humantime_serde")]
+    pub ack_wait: Duration,
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Duration,
+    pub max_ack_pending: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Overrides the machine's hostname in the worker id (pods, tests).
+    pub hostname: Option<String>,
+    /// Local API (progress reports, health). Port 0 picks a free one.
+    pub api_listen: String,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_every: Duration,
+    #[serde(with = "humantime_serde")]
+    pub stale_after: Duration,
+    #[serde(with = "humantime_serde")]
+    pub sweep_every: Duration,
+    #[serde(with = "humantime_serde")]
+    pub scheduler_every: Duration,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    pub max_payload_bytes: usize,
+    /// Most messages claimed in one statement.
+    pub claim_batch: usize,
+    /// Run migrations at start-up (under an advisory lock).
+    pub migrate: bool,
+}
+
+/// How a queue's jobs reach the application.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum HandlerConfig {
+    /// POST the job as JSON to a local URL.
+    Http { url: String },
+    /// Run a command per job: payload on stdin, progress as JSON lines on stdout.
+    Exec {
+        command: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    /// A Rust handler registered by a program that links jobwarden as a library.
+    Rust { name: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Jobs of this queue running at once in one worker.
+    pub concurrency: usize,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub handler: Option<HandlerConfig>,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: DEFAULT_DATABASE_URL.into(),
+            schema: DEFAULT_SCHEMA.into(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            url: DEFAULT_NATS_URL.into(),
+            credentials_file: None,
+            stream: DEFAULT_STREAM.into(),
+            subject_prefix: DEFAULT_SUBJECT_PREFIX.into(),
+            provision: true,
+            ack_wait: DEFAULT_ACK_WAIT,
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            max_ack_pending: DEFAULT_MAX_ACK_PENDING,
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            hostname: None,
+            api_listen: DEFAULT_API_LISTEN.into(),
+            heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
+            stale_after: DEFAULT_STALE_AFTER,
+            sweep_every: DEFAULT_SWEEP_EVERY,
+            scheduler_every: DEFAULT_SCHEDULER_EVERY,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            claim_batch: DEFAULT_CLAIM_BATCH,
+            migrate: true,
+        }
+    }
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            concurrency: DEFAULT_CONCURRENCY,
+            timeout: DEFAULT_TIMEOUT,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            handler: None,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            database: DatabaseConfig::default(),
+            nats: NatsConfig::default(),
+            worker: WorkerConfig::default(),
+            handler: None,
+            queues: BTreeMap::new(),
+        }
+    }
+}
+
+/// Every problem found in a configuration, one per line.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+pub struct ConfigErrors(pub Vec<String>);
+
+/// Top-level sections an environment variable may set (others, like
+/// `JOBWARDEN_TEST_DATABASE_URL` or `JOBWARDEN_CONFIG`, are not configuration).
+const ENV_SECTIONS: [&str; 5] = ["database", "nats", "worker", "handler", "queues"];
+
+impl Config {
+    /// Loads the file (if any) and the environment, then validates. `path` must exist when
+    /// given.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigErrors> {
+        Config::load_with(path, true)
+    }
+
+    /// Like [`Config::load`], for commands that only need the connections (enqueue, jobs,
+    /// migrate): queues are not required.
+    pub fn load_connections(path: Option<&Path>) -> Result<Config, ConfigErrors> {
+        Config::load_with(path, false)
+    }
+
+    fn load_with(path: Option<&Path>, require_queues: bool) -> Result<Config, ConfigErrors> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(p) = path {
+            if !p.exists() {
+                return Err(ConfigErrors(vec![format!(
+                    "configuration file {} does not exist; pass an existing file with --config \
+                     (see examples/jobwarden.toml)",
+                    p.display()
+                )]));
+            }
+            fig = fig.merge(Toml::file(p));
+        }
+        let env = Env::prefixed("JOBWARDEN_").split("__").filter(|k| {
+            let first = k.as_str().split('.').next().unwrap_or("");
+            ENV_SECTIONS.contains(&first)
+        });
+        Config::from_figment(fig.merge(env), require_queues)
+    }
+
+    /// Parses a TOML string (no environment), then validates. For tests and embedders.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigErrors> {
+        Config::from_figment(
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text)),
+            true,
+        )
+    }
+
+    fn from_figment(fig: Figment, require_queues: bool) -> Result<Config, ConfigErrors> {
+        let config: Config = fig.extract().map_err(|err| {
+            ConfigErrors(
+                err.into_iter()
+                    .map(|e| {
+                        let path = e.path.join(".");
+                        let hint = if e.to_string().contains("unknown field") {
+                            " (check the spelling against examples/jobwarden.toml)"
+                        } else {
+                            ""
+                        };
+                        if path.is_empty() {
+                            format!("{e}{hint}")
+                        } else {
+                            format!("{path}: {}{hint}", e.kind)
+                        }
+                    })
+                    .collect(),
+            )
+        })?;
+        config.validate_with(require_queues)?;
+        Ok(config)
+    }
+
+    /// Checks the rules serde cannot express. Reports every violation, not just the first.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        self.validate_with(true)
+    }
+
+    fn validate_with(&self, require_queues: bool) -> Result<(), ConfigErrors> {
+        let mut errs = Vec::new();
+        let w = &self.worker;
+        let n = &self.nats;
+        // Invariant 5: a message must outlive the time it takes to notice its job is stale,
+        // or JetStream redelivers a job that its owner is still running.
+        if n.ack_wait <= w.stale_after + w.sweep_every {
+            errs.push(format!(
+                "nats.ack_wait ({}) must be greater than worker.stale_after ({}) + \
+                 worker.sweep_every ({}); raise nats.ack_wait or lower the other two",
+                fmt_dur(n.ack_wait),
+                fmt_dur(w.stale_after),
+                fmt_dur(w.sweep_every)
+            ));
+        }
+        if w.heartbeat_every.is_zero() || w.heartbeat_every >= w.stale_after {
+            errs.push(format!(
+                "worker.heartbeat_every ({}) must be above zero and below worker.stale_after ({})",
+                fmt_dur(w.heartbeat_every),
+                fmt_dur(w.stale_after)
+            ));
+        }
+        if w.sweep_every.is_zero() || w.scheduler_every.is_zero() {
+            errs.push("worker.sweep_every and worker.scheduler_every must be above zero".into());
+        }
+        if w.claim_batch == 0 || w.claim_batch > 10_000 {
+            errs.push(format!(
+                "worker.claim_batch ({}) must be from 1 to 10000",
+                w.claim_batch
+            ));
+        }
+        if w.max_payload_bytes < 64 {
+            errs.push(format!(
+                "worker.max_payload_bytes ({}) must be at least 64",
+                w.max_payload_bytes
+            ));
+        }
+        if let Some(h) = &w.hostname {
+            if h.is_empty() || h.contains(char::is_whitespace) {
+                errs.push(format!(
+                    "worker.hostname {h:?} must be non-empty without spaces"
+                ));
+            }
+        }
+        if w.api_listen.parse::<std::net::SocketAddr>().is_err() {
+            errs.push(format!(
+                "worker.api_listen {:?} is not an address like 127.0.0.1:7433",
+                w.api_listen
+            ));
+        }
+        if !self.database.url.starts_with("postgres://")
+            && !self.database.url.starts_with("postgresql://")
+            && !self.database.url.contains('=')
+        {
+            errs.push(format!(
+                "database.url {:?} is not a PostgreSQL URL; use postgres://user@host:5432/db",
+                redact_url(&self.database.url)
+            ));
+        }
+        if !valid_ident(&self.database.schema) {
+            errs.push(format!(
+                "database.schema {:?} must be a lowercase identifier ([a-z_][a-z0-9_]*)",
+                self.database.schema
+            ));
+        }
+        if self.database.pool_size < 2 {
+            errs.push(format!(
+                "database.pool_size ({}) must be at least 2",
+                self.database.pool_size
+            ));
+        }
+        if !n.url.starts_with("nats://") && !n.url.starts_with("tls://") {
+            errs.push(format!(
+                "nats.url {:?} must start with nats:// or tls://",
+                redact_url(&n.url)
+            ));
+        }
+        if n.stream.is_empty()
+            || !n
+                .stream
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            errs.push(format!(
+                "nats.stream {:?} must be letters, digits, '_' or '-'",
+                n.stream
+            ));
+        }
+        if n.subject_prefix.is_empty()
+            || n.subject_prefix.contains(['*', '>', ' '])
+            || n.subject_prefix.ends_with('.')
+        {
+            errs.push(format!(
+                "nats.subject_prefix {:?} must be a plain subject like \"jobs\"",
+                n.subject_prefix
+            ));
+        }
+        if n.duplicate_window < Duration::from_secs(1) {
+            errs.push("nats.duplicate_window must be at least 1s".into());
+        }
+        if require_queues && self.queues.is_empty() {
+            errs.push(
+                "no queues configured; add at least one [queues.<name>] section \
+                 (see examples/jobwarden.toml)"
+                    .into(),
+            );
+        }
+        for (name, q) in &self.queues {
+            if let Err(e) = crate::job::validate_queue_name(name) {
+                errs.push(format!("queues.{name}: {e}"));
+            }
+            if q.concurrency == 0 || q.concurrency > 10_000 {
+                errs.push(format!(
+                    "queues.{name}.concurrency ({}) must be from 1 to 10000",
+                    q.concurrency
+                ));
+            }
+            if q.max_attempts == 0 {
+                errs.push(format!(
+                    "queues.{name}.max_attempts must be at least 1"
+                ));
+            }
+            if q.timeout.is_zero() {
+                errs.push(format!("queues.{name}.timeout must be above zero"));
+            }
+            if q.backoff.base.is_zero() && q.backoff.kind != BackoffKind::Fixed {
+                errs.push(format!(
+                    "queues.{name}.backoff.base must be above zero for {:?} backoff",
+                    q.backoff.kind
+                ));
+            }
+            if !(0.0..=1.0).contains(&q.backoff.jitter) {
+                errs.push(format!(
+                    "queues.{name}.backoff.jitter ({}) must be between 0 and 1",
+                    q.backoff.jitter
+                ));
+            }
+            match q.handler.as_ref().or(self.handler.as_ref()) {
+                None => errs.push(format!(
+                    "queues.{name} has no handler; set queues.{name}.handler or a top-level \
+                     [handler], e.g. {{ kind = \"http\", url = \"http://127.0.0.1:8080/jobs\" }}"
+                )),
+                Some(HandlerConfig::Http { url }) => {
+                    if !url.starts_with("http://") {
+                        errs.push(format!(
+                            "queues.{name}.handler.url {url:?} must start with http:// \
+                             (the application runs beside the worker)"
+                        ));
+                    }
+                }
+                Some(HandlerConfig::Exec { command, .. }) => {
+                    if command.is_empty() || command[0].is_empty() {
+                        errs.push(format!(
+                            "queues.{name}.handler.command is empty; give the program and its \
+                             arguments, e.g. [\"./bin/send-email\", \"--fast\"]"
+                        ));
+                    }
+                }
+                Some(HandlerConfig::Rust { .. }) => {}
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errs))
+        }
+    }
+
+    /// The handler a queue uses (its own, else the top-level one).
+    pub fn handler_for(&self, queue: &str) -> Option<&HandlerConfig> {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.handler.as_ref())
+            .or(self.handler.as_ref())
+    }
+
+    /// The effective configuration as TOML, with passwords and tokens replaced by `****`.
+    pub fn to_redacted_toml(&self) -> String {
+        let mut c = self.clone();
+        c.database.url = redact_url(&c.database.url);
+        c.nats.url = redact_url(&c.nats.url);
+        toml_string(&c)
+    }
+}
+
+fn toml_string(c: &Config) -> String {
+    // figment re-serialises through its own value type; TOML keeps the file's shape.
+    let value = Figment::from(Serialized::defaults(c))
+        .extract::<figment::value::Value>()
+        .expect("a Config always serialises");
+    toml_from_value(&value, "")
+}
+
+/// A small TOML writer for figment values (tables after scalars, as TOML requires).
+fn toml_from_value(v: &figment::value::Value, prefix: &str) -> String {
+    use figment::value::Value as V;
+    let mut scalars = String::new();
+    let mut tables = String::new();
+    if let V::Dict(_, dict) = v {
+        for (k, val) in dict {
+            let key = if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                k.clone()
+            } else {
+                format!("{k:?}")
+            };
+            match val {
+                V::Dict(..) => {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    tables.push_str(&format!("\n[{path}]\n"));
+                    tables.push_str(&toml_from_value(val, &path));
+                }
+                other => scalars.push_str(&format!("{key} = {}\n", toml_scalar(other))),
+            }
+        }
+    }
+    scalars + &tables
+}
+
+fn toml_scalar(v: &figment::value::Value) -> String {
+    use figment::value::Value as V;
+    match v {
+        V::String(_, s) => format!("{s:?}"),
+        V::Char(_, c) => format!("\"{c}\""),
+        V::Bool(_, b) => b.to_string(),
+        V::Num(_, n) => match n.to_f64() {
+            Some(f) if f.fract() != 0.0 => f.to_string(),
+            _ => n
+                .to_i128()
+                .map(|i| i.to_string())
+                .unwrap_or_else(|| format!("{n:?}")),
+        },
+        V::Empty(..) => "\"\"".into(),
+        V::Array(_, a) => format!(
+            "[{}]",
+            a.iter().map(toml_scalar).collect::<Vec<_>>().join(", ")
+        ),
+        V::Dict(_, d) => format!(
+            "{{ {} }}",
+            d.iter()
+                .map(|(k, v)| format!("{k} = {}", toml_scalar(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn valid_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.len() <= 63
+}
+
+/// Replaces the password (or token) in a URL like `scheme://user:secret@host` with `****`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:****@{host}"),
+        None if scheme.starts_with("nats") || scheme == "tls" => {
+            format!("{scheme}://****@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Formats a duration the way the config file writes it ("5m", "30s", "250ms").
+pub fn fmt_dur(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+        [handler]
+        kind = "http"
+        url = "http://127.0.0.1:8080/jobs"
+        [queues.email]
+        concurrency = 4
+        max_attempts = 3
+        backoff = { kind = "exponential", base = "5s" }
+        [queues.pdf]
+        handler = { kind = "exec", command = ["./render"] }
+        backoff = { kind = "fixed", base = "10s" }
+    "#;
+
+    #[test]
+    fn parses_a_good_file_with_defaults() {
+        let c = Config::from_toml(OK).unwrap();
+        assert_eq!(c.queues["email"].concurrency, 4);
+        assert_eq!(c.queues["email"].backoff.base, Duration::from_secs(5));
+        assert_eq!(c.queues["pdf"].max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(c.nats.ack_wait, DEFAULT_ACK_WAIT);
+        assert!(matches!(
+            c.handler_for("pdf"),
+            Some(HandlerConfig::Exec { .. })
+        ));
+        assert!(matches!(
+            c.handler_for("email"),
+            Some(HandlerConfig::Http { .. })
+        ));
+    }
+
+    #[test]
+    fn ack_wait_must_exceed_stale_plus_sweep() {
+        let text = format!(
+            "{OK}\n[nats]\nack_wait = \"5m\"\n[worker]\nstale_after = \"5m\"\nsweep_every = \"30s\"\n"
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(err.contains("nats.ack_wait (5m)"), "{err}");
+        assert!(err.contains("worker.stale_after (5m)"), "{err}");
+        assert!(err.contains("worker.sweep_every (30s)"), "{err}");
+    }
+
+    #[test]
+    fn reports_every_error_at_once() {
+        let text = r#"
+            [database]
+            schema = "Bad-Schema"
+            [queues.email]
+            concurrency = 0
+            max_attempts = 0
+            handler = { kind = "http", url = "https://example.com" }
+            [queues."bad.name"]
+            handler = { kind = "exec", command = [] }
+        "#;
+        let errs = Config::from_toml(text).unwrap_err().0;
+        let all = errs.join("\n");
+        assert!(all.contains("database.schema"), "{all}");
+        assert!(all.contains("queues.email.concurrency (0)"), "{all}");
+        assert!(all.contains("queues.email.max_attempts"), "{all}");
+        assert!(all.contains("must start with http://"), "{all}");
+        assert!(all.contains("queues.bad.name"), "{all}");
+        assert!(all.contains("handler.command is empty"), "{all}");
+        assert!(errs.len() >= 6, "{all}");
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let err = Config::from_toml("[queues.email]\nconcurrency = \"lots\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("queues.email.concurrency"), "{err}");
+        let err = Config::from_toml("[worker]\nstale_afterr = \"1s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stale_afterr"), "{err}");
+    }
+
+    #[test]
+    fn no_queues_is_an_error() {
+        let err = Config::from_toml("").unwrap_err().to_string();
+        assert!(err.contains("no queues configured"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:hunter2@db:5432/x"),
+            "postgres://app:****@db:5432/x"
+        );
+        assert_eq!(redact_url("nats://tok@n:4222"), "nats://****@n:4222");
+        let mut c = Config::from_toml(OK).unwrap();
+        c.database.url = "postgres://app:hunter2@db/x".into();
+        let out = c.to_redacted_toml();
+        assert!(!out.contains("hunter2"), "{out}");
+        assert!(out.contains("[queues.email]"), "{out}");
+        // The printed configuration reads back as the same configuration.
+        let back = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(back.queues["email"].concurrency, 4);
+    }
+}

@@ -1,0 +1,181 @@
+//! Handing a job to the application: one [`Handler`] trait, three kinds behind it.
+//!
+//! - [`http::HttpHandler`]: POST the job to a local URL; the app reports progress on the
+//!   sidecar's local API.
+//! - [`exec::ExecHandler`]: run a command per job, payload on stdin, progress as JSON lines
+//!   on stdout, exit code decides.
+//! - any Rust type implementing [`Handler`], for programs linking jobwarden as a library.
+//!
+//! A handler only does the work and says how it went; settling the job (commit, then ack)
+//! is the worker's business.
+
+pub mod exec;
+pub mod http;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A job handed to a handler.
+#[derive(Clone)]
+pub struct JobContext {
+    pub id: String,
+    pub queue: String,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub payload: Value,
+    /// How long this attempt may run; the worker enforces it, handlers may pass it on.
+    pub timeout: Duration,
+    /// W3C trace context from the message headers, passed on to the application.
+    pub traceparent: Option<String>,
+    /// Base URL of the sidecar's local API (`http://127.0.0.1:7433`).
+    pub api_base: String,
+    /// Cancelled when the worker must stop this attempt (ownership lost, shutdown, cancel).
+    pub cancel: CancellationToken,
+    pub(crate) progress: Arc<dyn ProgressSink>,
+}
+
+impl JobContext {
+    /// Reports progress: refreshes the job's activity time (fenced by lease) and tells
+    /// JetStream the message is still being worked on. `Err` means the job was taken away
+    /// from this worker: stop working on it.
+    pub async fn progress(&self, report: Progress) -> Result<(), LostOwnership> {
+        self.progress.report(&self.id, report).await
+    }
+
+    /// Idempotency key for side effects of this attempt: `<job id>` is stable across retries.
+    pub fn idempotency_key(&self) -> &str {
+        &self.id
+    }
+
+    /// A context whose progress reports go nowhere, for unit-testing handlers.
+    pub fn detached(id: &str, queue: &str, payload: Value) -> JobContext {
+        struct Nowhere;
+        #[async_trait]
+        impl ProgressSink for Nowhere {
+            async fn report(&self, _: &str, _: Progress) -> Result<(), LostOwnership> {
+                Ok(())
+            }
+        }
+        JobContext {
+            id: id.into(),
+            queue: queue.into(),
+            attempt: 1,
+            max_attempts: 1,
+            payload,
+            timeout: Duration::from_secs(30),
+            traceparent: None,
+            api_base: "http://127.0.0.1:0".into(),
+            cancel: CancellationToken::new(),
+            progress: Arc::new(Nowhere),
+        }
+    }
+}
+
+/// A progress report: every field optional, the latest non-null value of each is kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Progress {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The job's lease moved on to another owner; this attempt must stop.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("job {0} is no longer owned by this worker")]
+pub struct LostOwnership(pub String);
+
+/// Where progress reports go (the worker implements it with a fenced write + in-progress ack).
+#[async_trait]
+pub trait ProgressSink: Send + Sync {
+    async fn report(&self, job_id: &str, report: Progress) -> Result<(), LostOwnership>;
+}
+
+/// How an attempt failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JobError {
+    /// Worth another attempt (after the queue's backoff, or `retry_after` when given).
+    #[error("{message}")]
+    Retry {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// Will never succeed: dead-letter now.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl JobError {
+    pub fn retry(message: impl Into<String>) -> JobError {
+        JobError::Retry {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn permanent(message: impl Into<String>) -> JobError {
+        JobError::Permanent(message.into())
+    }
+}
+
+/// The result a handler returns: an optional JSON result stored on the job, or an error.
+pub type HandlerResult = Result<Option<Value>, JobError>;
+
+/// Runs jobs. Implement it to link jobwarden as a library; `http` and `exec` implement it for
+/// applications in any language.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    async fn handle(&self, job: &JobContext) -> HandlerResult;
+
+    /// True when the handler stops its own work at `job.timeout` (exec kills its process
+    /// group, http aborts the request); the worker then waits a little longer before giving
+    /// up on it. Otherwise the worker drops the handler's future at the timeout.
+    fn enforces_timeout(&self) -> bool {
+        false
+    }
+}
+
+/// Any async closure `Fn(JobContext) -> Future<Output = HandlerResult>` is a handler.
+pub struct FnHandler<F>(pub F);
+
+#[async_trait]
+impl<F, Fut> Handler for FnHandler<F>
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = HandlerResult> + Send + 'static,
+{
+    async fn handle(&self, job: &JobContext) -> HandlerResult {
+        (self.0)(job.clone()).await
+    }
+}
+
+/// Wraps an async closure as a shareable handler.
+pub fn from_fn<F, Fut>(f: F) -> Arc<dyn Handler>
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = HandlerResult> + Send + 'static,
+{
+    Arc::new(FnHandler(f))
+}
+
+impl From<JobError> for crate::backoff::Outcome {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::Retry {
+                message,
+                retry_after,
+            } => crate::backoff::Outcome::Retry {
+                error: message,
+                retry_after,
+            },
+            JobError::Permanent(error) => crate::backoff::Outcome::Permanent { error },
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! Jobs as the worker sees them: status names, the message envelope, and its validation.
+//!
+//! Everything here is pure (no I/O), so every rule about what a message may contain is unit
+//! tested below. The wire format is documented in `docs/message-format.md` and
+//! `docs/message.schema.json`.
+//!
+//! A message body is either an *envelope* — a JSON object with a `payload` field and optional
+//! `id`, `priority`, `max_attempts`, `timeout`, `idempotency_key`, `run_at` — or, for the
+//! simplest producer, any other JSON object, which is taken whole as the payload.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::fmt;
+use std::time::Duration;
+
+/// Longest job id we accept (ids appear in URLs, logs and message ids).
+pub const MAX_ID_LEN: usize = 200;
+/// Longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+/// Default priority when a message names none (0 runs first, 9 last).
+pub const DEFAULT_PRIORITY: i16 = 5;
+
+/// The states of a job. The names are the seed design's, so SQL written against them works.
+///
+/// ```text
+///  enqueue ─▶ queued ─claim─▶ processing ─ok─▶ completed
+///               ▲                │  │ └─ error, attempts left ─▶ scheduled ─(due)─▶ queued
+///               └── reclaimed ───┘  └─ attempts exhausted / permanent ─▶ dead
+///  run_at in the future: enqueue ─▶ scheduled;   any non-terminal ─cancel─▶ cancelled
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    Queued,
+    Scheduled,
+    Processing,
+    Completed,
+    Dead,
+    Cancelled,
+}
+
+impl JobStatus {
+    pub const ALL: [JobStatus; 6] = [
+        JobStatus::Queued,
+        JobStatus::Scheduled,
+        JobStatus::Processing,
+        JobStatus::Completed,
+        JobStatus::Dead,
+        JobStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Scheduled => "scheduled",
+            JobStatus::Processing => "processing",
+            JobStatus::Completed => "completed",
+            JobStatus::Dead => "dead",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobStatus> {
+        JobStatus::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// A terminal job never runs again (unless an operator retries a dead one).
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobStatus::Completed | JobStatus::Dead | JobStatus::Cancelled
+        )
+    }
+
+    /// The transitions the state diagram allows; the SQL in `store` only ever makes these.
+    pub fn can_become(self, next: JobStatus) -> bool {
+        use JobStatus::*;
+        matches!(
+            (self, next),
+            (Queued, Processing)
+                | (Scheduled, Queued)
+                | (Scheduled, Processing)
+                | (Processing, Completed)
+                | (Processing, Scheduled)
+                | (Processing, Queued)
+                | (Processing, Dead)
+                | (Dead, Queued)
+                | (Queued | Scheduled | Processing, Cancelled)
+        )
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job decoded from a message and validated, ready to be claimed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub id: String,
+    pub queue: String,
+    pub payload: Value,
+    pub priority: i16,
+    pub max_attempts: Option<i32>,
+    pub timeout: Option<Duration>,
+    pub idempotency_key: Option<String>,
+    /// Unix milliseconds; a job whose run_at is in the future waits as `scheduled`.
+    pub run_at_ms: Option<i64>,
+}
+
+/// What the producer side writes (CLI, Rust client, docs). Fields mirror `NewJob`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Envelope {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub payload: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i32>,
+    /// Milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Unix milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_at_ms: Option<i64>,
+}
+
+/// Why a message could not become a job. The text names the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidMessage {
+    #[error("message body is not valid JSON ({0}); publish a JSON object, e.g. {{\"payload\": {{…}}}}")]
+    NotJson(String),
+    #[error("message body is JSON {0}, not an object; publish a JSON object, e.g. {{\"payload\": {{…}}}}")]
+    NotObject(&'static str),
+    #[error("field `{field}` must be {expected}, found {found}")]
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("field `{field}` is invalid: {reason}")]
+    BadValue { field: &'static str, reason: String },
+    #[error("message body is {size} bytes, over the limit of {limit} bytes (worker.max_payload_bytes); store large data elsewhere and pass a reference")]
+    TooLarge { size: usize, limit: usize },
+    #[error("queue `{0}` is not configured on this worker; add a [queues.{0}] section to the configuration")]
+    UnknownQueue(String),
+}
+
+/// The envelope fields; an object with `payload` and only these keys is an envelope.
+const ENVELOPE_KEYS: [&str; 7] = [
+    "id",
+    "payload",
+    "priority",
+    "max_attempts",
+    "timeout_ms",
+    "idempotency_key",
+    "run_at_ms",
+];
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Validates a job id: non-empty, at most [`MAX_ID_LEN`] bytes, printable, no whitespace or
+/// slashes (ids go into URLs and NATS message ids).
+pub fn validate_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err(format!(
+            "is {} bytes long, the limit is {MAX_ID_LEN}",
+            id.len()
+        ));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || *c == '/' || *c == '?' || *c == '#')
+    {
+        return Err(format!(
+            "contains {c:?}; use letters, digits and punctuation other than / ? #"
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a queue name: it becomes one NATS subject token and a consumer name.
+pub fn validate_queue_name(q: &str) -> Result<(), String> {
+    if q.is_empty() || q.len() > 64 {
+        return Err(format!("queue name {q:?} must be 1 to 64 characters"));
+    }
+    if !q
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "queue name {q:?} may contain only ASCII letters, digits, '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+fn opt_i64(
+    obj: &Map<String, Value>,
+    field: &'static str,
+    min: i64,
+    max: i64,
+) -> Result<Option<i64>, InvalidMessage> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
+            _ => Err(InvalidMessage::BadValue {
+                field,
+                reason: format!("{n} is not a whole number from {min} to {max}"),
+            }),
+        },
+        Some(other) => Err(InvalidMessage::WrongType {
+            field,
+            expected: "a whole number",
+            found: json_kind(other).into(),
+        }),
+    }
+}
+
+fn opt_str<'a>(
+    obj: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<&'a str>, InvalidMessage> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(InvalidMessage::WrongType {
+            field,
+            expected: "a string",
+            found: json_kind(other).into(),
+        }),
+    }
+}
+
+/// Where a message came from, for deriving an id when the body carries none.
+#[derive(Debug, Clone)]
+pub struct MessageOrigin<'a> {
+    pub queue: &'a str,
+    pub stream: &'a str,
+    pub stream_seq: u64,
+    /// The `Nats-Msg-Id` header, if the producer set one.
+    pub msg_id: Option<&'a str>,
+}
+
+/// The id a message without an `id` field gets: its `Nats-Msg-Id` when present (a producer
+/// that dedups by message id means the same job), else stream name and sequence, so a
+/// redelivery of the same message maps to the same row.
+pub fn derived_id(origin: &MessageOrigin<'_>) -> String {
+    match origin.msg_id {
+        Some(m) if validate_id(m).is_ok() => m.to_string(),
+        _ => format!("{}-{}", origin.stream, origin.stream_seq),
+    }
+}
+
+/// Decodes and validates a message body. `max_bytes` is the configured payload limit.
+pub fn decode(
+    body: &[u8],
+    origin: &MessageOrigin<'_>,
+    max_bytes: usize,
+) -> Result<NewJob, InvalidMessage> {
+    if body.len() > max_bytes {
+        return Err(InvalidMessage::TooLarge {
+            size: body.len(),
+            limit: max_bytes,
+        });
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| InvalidMessage::NotJson(e.to_string()))?;
+    let Value::Object(obj) = value else {
+        return Err(InvalidMessage::NotObject(json_kind(&value)));
+    };
+    let is_envelope =
+        obj.contains_key("payload") && obj.keys().all(|k| ENVELOPE_KEYS.contains(&k.as_str()));
+    if !is_envelope {
+        let job = NewJob {
+            id: derived_id(origin),
+            queue: origin.queue.to_string(),
+            payload: Value::Object(obj),
+            priority: DEFAULT_PRIORITY,
+            max_attempts: None,
+            timeout: None,
+            idempotency_key: None,
+            run_at_ms: None,
+        };
+        check_storable(&job.payload)?;
+        return Ok(job);
+    }
+    let id = match opt_str(&obj, "id")? {
+        Some(id) => {
+            validate_id(id).map_err(|reason| InvalidMessage::BadValue { field: "id", reason })?;
+            id.to_string()
+        }
+        None => derived_id(origin),
+    };
+    let priority = opt_i64(&obj, "priority", 0, 9)?.unwrap_or(DEFAULT_PRIORITY as i64) as i16;
+    let max_attempts = opt_i64(&obj, "max_attempts", 1, 1000)?.map(|v| v as i32);
+    let timeout =
+        opt_i64(&obj, "timeout_ms", 1, 7 * 24 * 3600 * 1000)?.map(|v| Duration::from_millis(v as u64));
+    let run_at_ms = opt_i64(&obj, "run_at_ms", 0, i64::MAX)?;
+    let idempotency_key = match opt_str(&obj, "idempotency_key")? {
+        Some(k) if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN => {
+            return Err(InvalidMessage::BadValue {
+                field: "idempotency_key",
+                reason: format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes"),
+            })
+        }
+        k => k.map(str::to_string),
+    };
+    let payload = obj.get("payload").cloned().unwrap_or(Value::Null);
+    check_storable(&payload)?;
+    Ok(NewJob {
+        id,
+        queue: origin.queue.to_string(),
+        payload,
+        priority,
+        max_attempts,
+        timeout,
+        idempotency_key,
+        run_at_ms,
+    })
+}
+
+/// PostgreSQL's jsonb cannot hold the NUL character (`\u0000`) in any string; such a payload
+/// would fail at insert time, so we reject it here with a clear reason instead.
+pub fn check_storable(payload: &Value) -> Result<(), InvalidMessage> {
+    fn has_nul(v: &Value) -> bool {
+        match v {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(a) => a.iter().any(has_nul),
+            Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    if has_nul(payload) {
+        return Err(InvalidMessage::BadValue {
+            field: "payload",
+            reason: "contains the NUL character \\u0000, which PostgreSQL jsonb cannot store; \
+                     encode binary data as base64"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn origin() -> MessageOrigin<'static> {
+        MessageOrigin {
+            queue: "email",
+            stream: "JOBS",
+            stream_seq: 42,
+            msg_id: None,
+        }
+    }
+
+    #[test]
+    fn plain_object_is_the_payload_with_a_derived_id() {
+        let job = decode(br#"{"to":"a@b.c"}"#, &origin(), 1024).unwrap();
+        assert_eq!(job.id, "JOBS-42");
+        assert_eq!(job.payload, json!({"to":"a@b.c"}));
+        assert_eq!(job.priority, DEFAULT_PRIORITY);
+    }
+
+    #[test]
+    fn msg_id_header_becomes_the_id() {
+        let o = MessageOrigin {
+            msg_id: Some("order-7"),
+            ..origin()
+        };
+        assert_eq!(decode(br#"{"a":1}"#, &o, 1024).unwrap().id, "order-7");
+    }
+
+    #[test]
+    fn envelope_fields_are_read() {
+        let body = br#"{"id":"j1","payload":{"x":1},"priority":0,"max_attempts":4,"timeout_ms":1500,"idempotency_key":"k","run_at_ms":5}"#;
+        let job = decode(body, &origin(), 1024).unwrap();
+        assert_eq!(job.id, "j1");
+        assert_eq!(job.payload, json!({"x":1}));
+        assert_eq!(job.priority, 0);
+        assert_eq!(job.max_attempts, Some(4));
+        assert_eq!(job.timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(job.idempotency_key.as_deref(), Some("k"));
+        assert_eq!(job.run_at_ms, Some(5));
+    }
+
+    #[test]
+    fn object_with_payload_and_other_keys_is_a_plain_payload() {
+        let job = decode(br#"{"payload":1,"user":"x"}"#, &origin(), 1024).unwrap();
+        assert_eq!(job.payload, json!({"payload":1,"user":"x"}));
+    }
+
+    #[test]
+    fn bad_bodies_name_the_problem() {
+        let e = decode(b"not json", &origin(), 1024).unwrap_err();
+        assert!(matches!(e, InvalidMessage::NotJson(_)), "{e}");
+        let e = decode(b"[1,2]", &origin(), 1024).unwrap_err();
+        assert_eq!(e, InvalidMessage::NotObject("an array"));
+        let e = decode(br#"{"payload":{},"priority":"high"}"#, &origin(), 1024).unwrap_err();
+        assert!(e.to_string().contains("`priority` must be a whole number"), "{e}");
+        let e = decode(br#"{"payload":{},"priority":12}"#, &origin(), 1024).unwrap_err();
+        assert!(e.to_string().contains("from 0 to 9"), "{e}");
+        let e = decode(br#"{"payload":{},"id":7}"#, &origin(), 1024).unwrap_err();
+        assert!(e.to_string().contains("`id` must be a string"), "{e}");
+        let long = format!(r#"{{"payload":{{}},"id":"{}"}}"#, "x".repeat(MAX_ID_LEN + 1));
+        let e = decode(long.as_bytes(), &origin(), 4096).unwrap_err();
+        assert!(e.to_string().contains("the limit is 200"), "{e}");
+        let e = decode(br#"{"a":"0123456789"}"#, &origin(), 10).unwrap_err();
+        assert!(matches!(e, InvalidMessage::TooLarge { size: 18, limit: 10 }));
+        let e = decode(br#"{"a":"nul\u0000here"}"#, &origin(), 1024).unwrap_err();
+        assert!(e.to_string().contains("NUL"), "{e}");
+    }
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(validate_id("abc-1:2").is_ok());
+        assert!(validate_id("").is_err());
+        assert!(validate_id("a b").is_err());
+        assert!(validate_id("a/b").is_err());
+        assert!(validate_queue_name("email").is_ok());
+        assert!(validate_queue_name("e.mail").is_err());
+        assert!(validate_queue_name("").is_err());
+    }
+
+    #[test]
+    fn state_diagram() {
+        use JobStatus::*;
+        assert!(Queued.can_become(Processing));
+        assert!(Processing.can_become(Completed));
+        assert!(Processing.can_become(Dead));
+        assert!(Processing.can_become(Scheduled));
+        assert!(Scheduled.can_become(Queued));
+        assert!(!Completed.can_become(Processing));
+        assert!(!Dead.can_become(Processing));
+        assert!(!Cancelled.can_become(Queued));
+        assert!(!Queued.can_become(Completed));
+        for s in JobStatus::ALL {
+            assert_eq!(JobStatus::parse(s.as_str()), Some(s));
+            assert_eq!(s.is_terminal(), matches!(s, Completed | Dead | Cancelled));
+        }
+    }
+}

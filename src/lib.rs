@@ -1,0 +1,25 @@
+//! jobwarden: a worker sidecar that makes background jobs impossible to lose.
+//!
+//! NATS JetStream delivers, PostgreSQL owns. Producers publish jobs to `jobs.<queue>`; every
+//! pod runs `jobwarden run` beside its application; it pulls jobs, claims each one atomically
+//! in PostgreSQL, hands it to the application, records progress, retries with backoff and
+//! dead-letters what cannot succeed. See `docs/architecture.md`.
+//!
+//! As a library: build a [`config::Config`], register Rust handlers with
+//! [`worker::Worker::rust_handler`], and [`worker::Worker::start`] it; enqueue with
+//! [`client::Client`].
+
+pub mod api;
+pub mod backoff;
+pub mod bench;
+pub mod broker;
+pub mod client;
+pub mod config;
+pub mod handler;
+pub mod job;
+pub mod store;
+pub mod testkit;
+pub mod worker;
+
+pub use handler::{Handler, HandlerResult, JobContext, JobError, Progress};
+pub use worker::{RunningWorker, Worker};

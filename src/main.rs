@@ -1,0 +1,350 @@
+//! The `jobwarden` command: a thin layer that parses arguments, loads the configuration and
+//! calls the library. Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or arguments.
+
+use anyhow::{anyhow, Context, Result};
+use clap::{Parser, Subcommand};
+use jobwarden::client::{Client, EnqueueOptions};
+use jobwarden::config::Config;
+use jobwarden::job::JobStatus;
+use jobwarden::store::Store;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "jobwarden", version, about = "A worker sidecar that makes background jobs impossible to lose")]
+struct Cli {
+    /// Configuration file (TOML). Default: ./jobwarden.toml when it exists.
+    #[arg(long, short, global = true, env = "JOBWARDEN_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log as JSON lines (for log collectors).
+    #[arg(long, global = true, env = "JOBWARDEN_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the worker until SIGTERM/SIGINT.
+    Run,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Configuration commands.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Enqueue a job: write it to PostgreSQL, then publish it.
+    Enqueue {
+        /// Queue name, e.g. email.
+        queue: String,
+        /// Payload: a JSON object, e.g. '{"to":"a@example.com"}'.
+        payload: String,
+        /// 0 runs first, 9 last.
+        #[arg(long)]
+        priority: Option<i16>,
+        /// Run after this delay, e.g. 30s, 5m.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        delay: Option<Duration>,
+        #[arg(long)]
+        max_attempts: Option<i32>,
+        /// Per-job timeout, e.g. 2m.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        /// Enqueueing twice with the same key returns the first job.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Job id (default: a new UUIDv7).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Inspect jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// Benchmark: push no-op jobs through a worker and print throughput and latency.
+    Bench(jobwarden::bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration (secrets redacted), or every error.
+    Check,
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// Show one job with its attempts.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs, newest first.
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_tracing(cli.log_json);
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let code = match rt.block_on(real_main(cli)) {
+        Ok(()) => 0,
+        Err(e) => {
+            let bad_input = e.downcast_ref::<jobwarden::config::ConfigErrors>().is_some()
+                || e.downcast_ref::<BadArgs>().is_some();
+            eprintln!("error: {e:#}");
+            if bad_input {
+                2
+            } else {
+                1
+            }
+        }
+    };
+    std::process::exit(code);
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadArgs(String);
+
+fn config_path(cli: &Cli) -> Option<PathBuf> {
+    cli.config.clone().or_else(|| {
+        let p = PathBuf::from("jobwarden.toml");
+        p.exists().then_some(p)
+    })
+}
+
+async fn real_main(cli: Cli) -> Result<()> {
+    let path = config_path(&cli);
+    match cli.command {
+        Command::Run => {
+            let config = Config::load(path.as_deref())?;
+            run(config).await
+        }
+        Command::Migrate => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            let n = store.migrate().await?;
+            println!(
+                "schema {} at {}: {n} migration(s) applied, now at version {}",
+                store.schema(),
+                store.target(),
+                store.schema_version().await?
+            );
+            Ok(())
+        }
+        Command::Config {
+            command: ConfigCommand::Check,
+        } => {
+            let config = Config::load(path.as_deref())?;
+            print!("{}", config.to_redacted_toml());
+            eprintln!("configuration is valid");
+            Ok(())
+        }
+        Command::Enqueue {
+            queue,
+            payload,
+            priority,
+            delay,
+            max_attempts,
+            timeout,
+            idempotency_key,
+            id,
+        } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let payload: serde_json::Value = serde_json::from_str(&payload).map_err(|e| {
+                BadArgs(format!(
+                    "payload is not valid JSON ({e}); pass an object like '{{\"to\":\"a@example.com\"}}'"
+                ))
+            })?;
+            let store = Store::connect(&config.database).await?;
+            let broker = jobwarden::broker::Broker::connect(&config.nats).await?;
+            let default_attempts = config
+                .queues
+                .get(&queue)
+                .map(|q| q.max_attempts as i32)
+                .unwrap_or(jobwarden::config::DEFAULT_MAX_ATTEMPTS as i32);
+            let client = Client::new(store, broker).with_default_max_attempts(default_attempts);
+            let opts = EnqueueOptions {
+                id,
+                priority,
+                delay,
+                max_attempts,
+                timeout,
+                idempotency_key,
+            };
+            let enq = client
+                .enqueue(&queue, payload, opts)
+                .await
+                .map_err(|e| match e {
+                    jobwarden::client::ClientError::Invalid(m) => anyhow!(BadArgs(m)),
+                    other => anyhow!(other),
+                })?;
+            if enq.created {
+                println!("{} {}", enq.id, enq.status);
+            } else {
+                println!("{} {} (already enqueued)", enq.id, enq.status);
+            }
+            Ok(())
+        }
+        Command::Jobs { command } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            jobs(&store, command).await
+        }
+        Command::Bench(args) => jobwarden::bench::run(args, path.as_deref()).await,
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    let cancel = CancellationToken::new();
+    let start = jobwarden::Worker::new(config).start(cancel.clone());
+    // A signal during start-up (e.g. while waiting for an unreachable server) stops it.
+    let worker = tokio::select! {
+        w = start => w?,
+        _ = shutdown_signal() => { cancel.cancel(); return Ok(()); }
+    };
+    worker.run_until(shutdown_signal()).await;
+    Ok(())
+}
+
+/// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("shutdown requested; a second signal exits at once");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
+    match command {
+        JobsCommand::Show { id, json } => {
+            let job = store
+                .job_get(&id)
+                .await?
+                .ok_or_else(|| BadArgs(format!("no job with id {id:?} in schema {}", store.schema())))?;
+            let attempts = store.job_attempts(&id).await?;
+            if json {
+                let v = serde_json::json!({"job": job, "attempts": attempts});
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            println!("id:            {}", job.id);
+            println!("queue:         {}", job.queue);
+            println!("status:        {}", job.status);
+            println!("priority:      {}", job.priority);
+            println!("attempts:      {} of {}", job.attempts, job.max_attempts);
+            println!("worker:        {} (lease {})", job.worker_id.as_deref().unwrap_or("-"), job.lease);
+            if job.stage.is_some() || job.progress.is_some() || job.message.is_some() {
+                println!(
+                    "progress:      {} {} {}",
+                    job.progress.map(|p| format!("{:.0}%", p * 100.0)).unwrap_or_default(),
+                    job.stage.as_deref().unwrap_or(""),
+                    job.message.as_deref().unwrap_or("")
+                );
+            }
+            if let Some(e) = &job.last_error {
+                println!("last error:    {e}");
+            }
+            println!("created:       {}", job.created_at);
+            println!("scheduled:     {}", job.scheduled_at);
+            println!("started:       {}", job.started_at.as_deref().unwrap_or("-"));
+            println!("last activity: {}", job.last_activity_at.as_deref().unwrap_or("-"));
+            println!("completed:     {}", job.completed_at.as_deref().unwrap_or("-"));
+            println!("payload:       {}", job.payload);
+            if let Some(r) = &job.result {
+                println!("result:        {r}");
+            }
+            println!("attempts:");
+            if attempts.is_empty() {
+                println!("  (none finished yet)");
+            }
+            for a in attempts {
+                println!(
+                    "  #{} {} {} {}ms {} {}",
+                    a.attempt,
+                    a.started_at,
+                    a.worker_id,
+                    a.duration_ms,
+                    a.outcome,
+                    a.error.as_deref().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        JobsCommand::List {
+            queue,
+            status,
+            limit,
+            json,
+        } => {
+            if let Some(s) = &status {
+                if JobStatus::parse(s).is_none() {
+                    return Err(BadArgs(format!(
+                        "--status {s:?} is not a status; use one of queued, scheduled, processing, completed, dead, cancelled"
+                    ))
+                    .into());
+                }
+            }
+            let rows = store
+                .job_list(queue.as_deref(), status.as_deref(), limit)
+                .await
+                .context("listing jobs")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(());
+            }
+            println!(
+                "{:<38} {:<10} {:<11} {:>8} {:<24} error",
+                "id", "queue", "status", "attempts", "created"
+            );
+            for j in rows {
+                println!(
+                    "{:<38} {:<10} {:<11} {:>8} {:<24} {}",
+                    j.id,
+                    j.queue,
+                    j.status,
+                    format!("{}/{}", j.attempts, j.max_attempts),
+                    j.created_at,
+                    j.last_error.as_deref().unwrap_or("").chars().take(60).collect::<String>()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

