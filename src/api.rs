@@ -69,7 +69,9 @@ async fn progress(
         Ok(()) => (StatusCode::OK, Json(json!({"ok": true}))),
         Err(_) => (
             StatusCode::CONFLICT,
-            Json(json!({"error": format!("job {id} was taken from this worker; stop working on it")})),
+            Json(
+                json!({"error": format!("job {id} was taken from this worker; stop working on it")}),
+            ),
         ),
     }
 }
@@ -84,7 +86,8 @@ async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "postgres: {}; nats: {nats:?}",
-                pg.map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string())
+                pg.map(|_| "ok".to_string())
+                    .unwrap_or_else(|e| e.to_string())
             ),
         ),
     }

@@ -79,7 +79,9 @@ pub enum Outcome {
         retry_after: Option<Duration>,
     },
     /// Will never succeed: dead-letter at once.
-    Permanent { error: String },
+    Permanent {
+        error: String,
+    },
 }
 
 /// What the store should make of the job after an attempt.
@@ -87,8 +89,13 @@ pub enum Outcome {
 pub enum Settlement {
     Complete(Option<serde_json::Value>),
     /// Run again after `delay` (waits in Postgres as `scheduled`).
-    RetryAfter { delay: Duration, error: String },
-    Dead { error: String },
+    RetryAfter {
+        delay: Duration,
+        error: String,
+    },
+    Dead {
+        error: String,
+    },
 }
 
 /// Decides the next state of a job whose attempt number `attempt` (1-based, already counted)
@@ -173,9 +180,20 @@ mod tests {
                 error: "boom".into()
             }
         );
-        assert!(matches!(settle(retry(), 3, 3, &e, 0.5), Settlement::Dead { .. }));
         assert!(matches!(
-            settle(Outcome::Permanent { error: "bad".into() }, 1, 3, &e, 0.5),
+            settle(retry(), 3, 3, &e, 0.5),
+            Settlement::Dead { .. }
+        ));
+        assert!(matches!(
+            settle(
+                Outcome::Permanent {
+                    error: "bad".into()
+                },
+                1,
+                3,
+                &e,
+                0.5
+            ),
             Settlement::Dead { .. }
         ));
         let honoured = Outcome::Retry {

@@ -85,7 +85,9 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
     };
     println!(
         "jobwarden bench: {} cores, PostgreSQL {}, NATS {}",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         crate::config::redact_url(&base.database.url),
         crate::config::redact_url(&base.nats.url)
     );
@@ -100,9 +102,17 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         } else {
             None
         };
-        let handler = app.as_ref().map(|a| HandlerConfig::Http { url: a.url.clone() });
-        let through =
-            phase(&base, &args, handler.clone(), Phase::Throughput, latencies.clone()).await?;
+        let handler = app
+            .as_ref()
+            .map(|a| HandlerConfig::Http { url: a.url.clone() });
+        let through = phase(
+            &base,
+            &args,
+            handler.clone(),
+            Phase::Throughput,
+            latencies.clone(),
+        )
+        .await?;
         let lat = phase(&base, &args, handler, Phase::Latency, latencies).await?;
         println!(
             "{kind:>4} handler: {:>8.0} jobs/s ({} jobs in {:.2}s) | publish→start latency p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} jobs at {}/s)",
@@ -117,7 +127,10 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
             args.rate,
         );
     }
-    println!("peak RSS (worker + bench publisher, one process): {:.1} MiB", peak_rss_mib());
+    println!(
+        "peak RSS (worker + bench publisher, one process): {:.1} MiB",
+        peak_rss_mib()
+    );
     Ok(())
 }
 
@@ -282,7 +295,10 @@ impl NoopApp {
                 async move {
                     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                     if let Some(t) = v["payload"]["t"].as_i64() {
-                        latencies.lock().unwrap().push((now_micros() - t).max(0) as u64);
+                        latencies
+                            .lock()
+                            .unwrap()
+                            .push((now_micros() - t).max(0) as u64);
                     }
                     axum::http::StatusCode::OK
                 }

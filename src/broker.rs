@@ -59,20 +59,30 @@ impl Broker {
                     cause: format!("cannot read nats.credentials_file {path}: {e}"),
                 })?;
         }
-        let client = opts
-            .connect(cfg.url.as_str())
+        let client =
+            opts.connect(cfg.url.as_str())
+                .await
+                .map_err(|e| BrokerError::Unreachable {
+                    url: redacted.clone(),
+                    cause: e.to_string(),
+                })?;
+        let js = jetstream::new(client.clone());
+        // Ask the JetStream API directly: async-nats' typed account query does not parse
+        // 2.9's answer, and all we need is "JetStream answers".
+        let reply = client
+            .request("$JS.API.INFO", "".into())
             .await
-            .map_err(|e| BrokerError::Unreachable {
+            .map_err(|e| BrokerError::NoJetStream {
                 url: redacted.clone(),
                 cause: e.to_string(),
             })?;
-        let js = jetstream::new(client.clone());
-        js.query_account()
-            .await
-            .map_err(|e| BrokerError::NoJetStream {
+        let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
+        if let Some(err) = info.get("error") {
+            return Err(BrokerError::NoJetStream {
                 url: redacted,
-                cause: e.to_string(),
-            })?;
+                cause: err.to_string(),
+            });
+        }
         Ok(Broker {
             client,
             js,

@@ -115,7 +115,11 @@ impl Client {
             idempotency_key: opts.idempotency_key,
             run_at_ms: None,
         };
-        let published = match self.broker.publish_job(queue, &envelope, enq.generation).await {
+        let published = match self
+            .broker
+            .publish_job(queue, &envelope, enq.generation)
+            .await
+        {
             Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };

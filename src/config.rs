@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
 /// The whole configuration. Every field has a default, so an empty file is valid except that
 /// at least one queue must be named.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub database: DatabaseConfig,
@@ -179,18 +179,6 @@ impl Default for QueueConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             handler: None,
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            database: DatabaseConfig::default(),
-            nats: NatsConfig::default(),
-            worker: WorkerConfig::default(),
-            handler: None,
-            queues: BTreeMap::new(),
         }
     }
 }
@@ -391,9 +379,7 @@ impl Config {
                 ));
             }
             if q.max_attempts == 0 {
-                errs.push(format!(
-                    "queues.{name}.max_attempts must be at least 1"
-                ));
+                errs.push(format!("queues.{name}.max_attempts must be at least 1"));
             }
             if q.timeout.is_zero() {
                 errs.push(format!("queues.{name}.timeout must be above zero"));
@@ -459,68 +445,7 @@ impl Config {
 }
 
 fn toml_string(c: &Config) -> String {
-    // figment re-serialises through its own value type; TOML keeps the file's shape.
-    let value = Figment::from(Serialized::defaults(c))
-        .extract::<figment::value::Value>()
-        .expect("a Config always serialises");
-    toml_from_value(&value, "")
-}
-
-/// A small TOML writer for figment values (tables after scalars, as TOML requires).
-fn toml_from_value(v: &figment::value::Value, prefix: &str) -> String {
-    use figment::value::Value as V;
-    let mut scalars = String::new();
-    let mut tables = String::new();
-    if let V::Dict(_, dict) = v {
-        for (k, val) in dict {
-            let key = if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                k.clone()
-            } else {
-                format!("{k:?}")
-            };
-            match val {
-                V::Dict(..) => {
-                    let path = if prefix.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{prefix}.{key}")
-                    };
-                    tables.push_str(&format!("\n[{path}]\n"));
-                    tables.push_str(&toml_from_value(val, &path));
-                }
-                other => scalars.push_str(&format!("{key} = {}\n", toml_scalar(other))),
-            }
-        }
-    }
-    scalars + &tables
-}
-
-fn toml_scalar(v: &figment::value::Value) -> String {
-    use figment::value::Value as V;
-    match v {
-        V::String(_, s) => format!("{s:?}"),
-        V::Char(_, c) => format!("\"{c}\""),
-        V::Bool(_, b) => b.to_string(),
-        V::Num(_, n) => match n.to_f64() {
-            Some(f) if f.fract() != 0.0 => f.to_string(),
-            _ => n
-                .to_i128()
-                .map(|i| i.to_string())
-                .unwrap_or_else(|| format!("{n:?}")),
-        },
-        V::Empty(..) => "\"\"".into(),
-        V::Array(_, a) => format!(
-            "[{}]",
-            a.iter().map(toml_scalar).collect::<Vec<_>>().join(", ")
-        ),
-        V::Dict(_, d) => format!(
-            "{{ {} }}",
-            d.iter()
-                .map(|(k, v)| format!("{k} = {}", toml_scalar(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    toml::to_string(c).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
 }
 
 fn valid_ident(s: &str) -> bool {

@@ -133,7 +133,9 @@ pub struct Envelope {
 /// Why a message could not become a job. The text names the field and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidMessage {
-    #[error("message body is not valid JSON ({0}); publish a JSON object, e.g. {{\"payload\": {{…}}}}")]
+    #[error(
+        "message body is not valid JSON ({0}); publish a JSON object, e.g. {{\"payload\": {{…}}}}"
+    )]
     NotJson(String),
     #[error("message body is JSON {0}, not an object; publish a JSON object, e.g. {{\"payload\": {{…}}}}")]
     NotObject(&'static str),
@@ -305,15 +307,18 @@ pub fn decode(
     }
     let id = match opt_str(&obj, "id")? {
         Some(id) => {
-            validate_id(id).map_err(|reason| InvalidMessage::BadValue { field: "id", reason })?;
+            validate_id(id).map_err(|reason| InvalidMessage::BadValue {
+                field: "id",
+                reason,
+            })?;
             id.to_string()
         }
         None => derived_id(origin),
     };
     let priority = opt_i64(&obj, "priority", 0, 9)?.unwrap_or(DEFAULT_PRIORITY as i64) as i16;
     let max_attempts = opt_i64(&obj, "max_attempts", 1, 1000)?.map(|v| v as i32);
-    let timeout =
-        opt_i64(&obj, "timeout_ms", 1, 7 * 24 * 3600 * 1000)?.map(|v| Duration::from_millis(v as u64));
+    let timeout = opt_i64(&obj, "timeout_ms", 1, 7 * 24 * 3600 * 1000)?
+        .map(|v| Duration::from_millis(v as u64));
     let run_at_ms = opt_i64(&obj, "run_at_ms", 0, i64::MAX)?;
     let idempotency_key = match opt_str(&obj, "idempotency_key")? {
         Some(k) if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN => {
@@ -417,16 +422,28 @@ mod tests {
         let e = decode(b"[1,2]", &origin(), 1024).unwrap_err();
         assert_eq!(e, InvalidMessage::NotObject("an array"));
         let e = decode(br#"{"payload":{},"priority":"high"}"#, &origin(), 1024).unwrap_err();
-        assert!(e.to_string().contains("`priority` must be a whole number"), "{e}");
+        assert!(
+            e.to_string().contains("`priority` must be a whole number"),
+            "{e}"
+        );
         let e = decode(br#"{"payload":{},"priority":12}"#, &origin(), 1024).unwrap_err();
         assert!(e.to_string().contains("from 0 to 9"), "{e}");
         let e = decode(br#"{"payload":{},"id":7}"#, &origin(), 1024).unwrap_err();
         assert!(e.to_string().contains("`id` must be a string"), "{e}");
-        let long = format!(r#"{{"payload":{{}},"id":"{}"}}"#, "x".repeat(MAX_ID_LEN + 1));
+        let long = format!(
+            r#"{{"payload":{{}},"id":"{}"}}"#,
+            "x".repeat(MAX_ID_LEN + 1)
+        );
         let e = decode(long.as_bytes(), &origin(), 4096).unwrap_err();
         assert!(e.to_string().contains("the limit is 200"), "{e}");
         let e = decode(br#"{"a":"0123456789"}"#, &origin(), 10).unwrap_err();
-        assert!(matches!(e, InvalidMessage::TooLarge { size: 18, limit: 10 }));
+        assert!(matches!(
+            e,
+            InvalidMessage::TooLarge {
+                size: 18,
+                limit: 10
+            }
+        ));
         let e = decode(br#"{"a":"nul\u0000here"}"#, &origin(), 1024).unwrap_err();
         assert!(e.to_string().contains("NUL"), "{e}");
     }

@@ -12,7 +12,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "jobwarden", version, about = "A worker sidecar that makes background jobs impossible to lose")]
+#[command(
+    name = "jobwarden",
+    version,
+    about = "A worker sidecar that makes background jobs impossible to lose"
+)]
 struct Cli {
     /// Configuration file (TOML). Default: ./jobwarden.toml when it exists.
     #[arg(long, short, global = true, env = "JOBWARDEN_CONFIG")]
@@ -102,7 +106,9 @@ fn main() {
     let code = match rt.block_on(real_main(cli)) {
         Ok(()) => 0,
         Err(e) => {
-            let bad_input = e.downcast_ref::<jobwarden::config::ConfigErrors>().is_some()
+            let bad_input = e
+                .downcast_ref::<jobwarden::config::ConfigErrors>()
+                .is_some()
                 || e.downcast_ref::<BadArgs>().is_some();
             eprintln!("error: {e:#}");
             if bad_input {
@@ -243,10 +249,12 @@ async fn shutdown_signal() {
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
     match command {
         JobsCommand::Show { id, json } => {
-            let job = store
-                .job_get(&id)
-                .await?
-                .ok_or_else(|| BadArgs(format!("no job with id {id:?} in schema {}", store.schema())))?;
+            let job = store.job_get(&id).await?.ok_or_else(|| {
+                BadArgs(format!(
+                    "no job with id {id:?} in schema {}",
+                    store.schema()
+                ))
+            })?;
             let attempts = store.job_attempts(&id).await?;
             if json {
                 let v = serde_json::json!({"job": job, "attempts": attempts});
@@ -258,11 +266,17 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
             println!("status:        {}", job.status);
             println!("priority:      {}", job.priority);
             println!("attempts:      {} of {}", job.attempts, job.max_attempts);
-            println!("worker:        {} (lease {})", job.worker_id.as_deref().unwrap_or("-"), job.lease);
+            println!(
+                "worker:        {} (lease {})",
+                job.worker_id.as_deref().unwrap_or("-"),
+                job.lease
+            );
             if job.stage.is_some() || job.progress.is_some() || job.message.is_some() {
                 println!(
                     "progress:      {} {} {}",
-                    job.progress.map(|p| format!("{:.0}%", p * 100.0)).unwrap_or_default(),
+                    job.progress
+                        .map(|p| format!("{:.0}%", p * 100.0))
+                        .unwrap_or_default(),
                     job.stage.as_deref().unwrap_or(""),
                     job.message.as_deref().unwrap_or("")
                 );
@@ -272,9 +286,18 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
             }
             println!("created:       {}", job.created_at);
             println!("scheduled:     {}", job.scheduled_at);
-            println!("started:       {}", job.started_at.as_deref().unwrap_or("-"));
-            println!("last activity: {}", job.last_activity_at.as_deref().unwrap_or("-"));
-            println!("completed:     {}", job.completed_at.as_deref().unwrap_or("-"));
+            println!(
+                "started:       {}",
+                job.started_at.as_deref().unwrap_or("-")
+            );
+            println!(
+                "last activity: {}",
+                job.last_activity_at.as_deref().unwrap_or("-")
+            );
+            println!(
+                "completed:     {}",
+                job.completed_at.as_deref().unwrap_or("-")
+            );
             println!("payload:       {}", job.payload);
             if let Some(r) = &job.result {
                 println!("result:        {r}");
@@ -330,7 +353,12 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                     j.status,
                     format!("{}/{}", j.attempts, j.max_attempts),
                     j.created_at,
-                    j.last_error.as_deref().unwrap_or("").chars().take(60).collect::<String>()
+                    j.last_error
+                        .as_deref()
+                        .unwrap_or("")
+                        .chars()
+                        .take(60)
+                        .collect::<String>()
                 );
             }
             Ok(())
@@ -340,8 +368,12 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
 
 fn init_tracing(json: bool) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("info,tokio_postgres=warn,refinery_core=warn,async_nats=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

@@ -1,6 +1,346 @@
-//! TEMPORARY placeholder until the real file lands.
-use super::*;
-pub struct HttpHandler;
-impl HttpHandler { pub fn new(_url: &str) -> HttpHandler { HttpHandler } }
+//! The `http` handler: POST each job as JSON to the application's local URL.
+//!
+//! Status codes decide the outcome: 2xx succeeds (a JSON body becomes the job's result),
+//! 408, 429 and 5xx are worth a retry (429/503 may say when, with `Retry-After`), any
+//! other 4xx is permanent. Timeouts, cancellation and transport errors (the application
+//! is down or restarting) are retried: the job must never be lost to an outage.
+
+use super::{Handler, HandlerResult, JobContext, JobError};
+use async_trait::async_trait;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How much of an error response's body goes into the job's error message.
+const BODY_SNIPPET: usize = 500;
+
+/// Hands jobs to an application listening on a (local) HTTP URL.
+pub struct HttpHandler {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl HttpHandler {
+    pub fn new(url: &str) -> HttpHandler {
+        let client = reqwest::Client::builder()
+            // The application is local: an HTTP(S)_PROXY meant for outbound traffic must
+            // not capture it.
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(5))
+            // A POST turned into a GET by a 301/302 would be a silent disaster; a redirect
+            // is reported as a misconfigured URL instead.
+            .redirect(reqwest::redirect::Policy::none())
+            // Short idle life: reconnecting on localhost is cheap, and it keeps us clear of
+            // servers with short keep-alive timeouts (gunicorn: 2 s, Node: 5 s) closing a
+            // pooled connection just as we reuse it.
+            .pool_idle_timeout(Duration::from_secs(1))
+            .pool_max_idle_per_host(16)
+            .build()
+            .expect("an HTTP client without TLS always builds");
+        HttpHandler {
+            client,
+            url: url.to_string(),
+        }
+    }
+
+    /// Sends the job and reads the whole response (status, `Retry-After`, body).
+    async fn exchange(
+        &self,
+        job: &JobContext,
+    ) -> reqwest::Result<(StatusCode, Option<Duration>, bytes::Bytes)> {
+        let body = json!({
+            "id": job.id,
+            "queue": job.queue,
+            "attempt": job.attempt,
+            "max_attempts": job.max_attempts,
+            "payload": job.payload,
+            "progress_url": format!(
+                "{}/v1/jobs/{}/progress",
+                job.api_base.trim_end_matches('/'),
+                job.id
+            ),
+        });
+        let mut req = self
+            .client
+            .post(&self.url)
+            .header("Idempotency-Key", job.idempotency_key())
+            .header("X-Jobwarden-Job-Id", &job.id)
+            .header("X-Jobwarden-Attempt", job.attempt.to_string())
+            .header(
+                "X-Jobwarden-Deadline-Ms",
+                job.timeout.as_millis().to_string(),
+            )
+            .json(&body);
+        if let Some(tp) = &job.traceparent {
+            req = req.header("traceparent", tp);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        let retry_after = retry_after(resp.headers());
+        let body = resp.bytes().await?;
+        Ok((status, retry_after, body))
+    }
+
+    /// Turns a complete response into the attempt's outcome.
+    fn outcome(
+        &self,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        body: &[u8],
+    ) -> HandlerResult {
+        if status.is_success() {
+            if body.iter().all(u8::is_ascii_whitespace) {
+                return Ok(None);
+            }
+            return match serde_json::from_slice::<Value>(body) {
+                Ok(v) => Ok(Some(v)),
+                Err(e) => {
+                    tracing::debug!(url = %self.url, "2xx body is not JSON ({e}), no result");
+                    Ok(None)
+                }
+            };
+        }
+        let code = status.as_u16();
+        let mut message = format!("HTTP {code} from {}", self.url);
+        let snippet = String::from_utf8_lossy(&body[..body.len().min(BODY_SNIPPET)]);
+        let snippet = snippet.trim();
+        if !snippet.is_empty() {
+            message.push_str(": ");
+            message.push_str(snippet);
+        }
+        match code {
+            408 | 429 | 500..=599 => Err(JobError::Retry {
+                message,
+                // Only 429 and 503 give `Retry-After` a meaning for us.
+                retry_after: if code == 429 || code == 503 {
+                    retry_after
+                } else {
+                    None
+                },
+            }),
+            400..=499 => Err(JobError::Permanent(message)),
+            // 1xx/3xx: the URL points at the wrong thing. Operators fix configuration, so
+            // keep the job (retry) rather than dead-letter it.
+            _ => Err(JobError::retry(format!(
+                "{message} (unexpected status; redirects are not followed, check handler.url)"
+            ))),
+        }
+    }
+}
+
 #[async_trait]
-impl Handler for HttpHandler { async fn handle(&self, _job: &JobContext) -> HandlerResult { Err(JobError::retry("todo")) } }
+impl Handler for HttpHandler {
+    /// The request is dropped at `job.timeout`.
+    fn enforces_timeout(&self) -> bool {
+        true
+    }
+
+    async fn handle(&self, job: &JobContext) -> HandlerResult {
+        // Dropping the exchange future aborts the request (hyper closes the connection),
+        // which is how both the timeout and cancellation stop it. The timeout covers the
+        // whole exchange, reading the body included.
+        let res = tokio::select! {
+            biased;
+            _ = job.cancel.cancelled() => return Err(JobError::retry("cancelled")),
+            r = tokio::time::timeout(job.timeout, self.exchange(job)) => r,
+        };
+        match res {
+            Err(_elapsed) => Err(timed_out(job.timeout)),
+            Ok(Ok((status, retry_after, body))) => self.outcome(status, retry_after, &body),
+            Ok(Err(e)) => Err(JobError::retry(format!(
+                "request to {} failed: {} (is the application running?)",
+                self.url,
+                root_cause(&e)
+            ))),
+        }
+    }
+}
+
+fn timed_out(timeout: Duration) -> JobError {
+    JobError::retry(format!(
+        "timed out after {}",
+        humantime::format_duration(timeout)
+    ))
+}
+
+/// A numeric `Retry-After` (delay in seconds); the HTTP-date form is ignored.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    v.parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// The innermost cause ("Connection refused (os error 111)"): reqwest's own message is
+/// generic and repeats the URL.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut e = e;
+    while let Some(source) = e.source() {
+        e = source;
+    }
+    e.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Serves one connection: reads one request, waits `delay`, answers `status` + `body`
+    /// (after `headers`, each ending in CRLF). Returns the URL and the raw request text.
+    async fn serve(
+        status: &str,
+        headers: &str,
+        body: &str,
+        delay: Duration,
+    ) -> (String, tokio::task::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jobs", listener.local_addr().unwrap());
+        let len = body.len();
+        let response = format!(
+            "HTTP/1.1 {status}\r\n{headers}Content-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+        );
+        let task = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let (mut req, mut chunk) = (String::new(), [0u8; 4096]);
+            // The request is complete once its body (a JSON object) parses.
+            let complete = |r: &str| {
+                let body = r.split_once("\r\n\r\n").map(|(_, b)| b);
+                body.is_some_and(|b| serde_json::from_str::<Value>(b).is_ok())
+            };
+            while !complete(&req) {
+                let n = sock.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "request cut short: {req}");
+                req.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+            tokio::time::sleep(delay).await;
+            let _ = sock.write_all(response.as_bytes()).await;
+            req
+        });
+        (url, task)
+    }
+
+    async fn call(url: &str, job: &JobContext) -> HandlerResult {
+        HttpHandler::new(url).handle(job).await
+    }
+
+    fn job() -> JobContext {
+        let mut job = JobContext::detached("job-1", "emails", json!({"to": "a@b.c"}));
+        (job.attempt, job.max_attempts) = (2, 5);
+        job.api_base = "http://127.0.0.1:7433".into();
+        job.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        job
+    }
+
+    #[tokio::test]
+    async fn success_and_request_shape() {
+        let (url, server) = serve("200 OK", "", r#"{"ok":true}"#, Duration::ZERO).await;
+        assert_eq!(call(&url, &job()).await, Ok(Some(json!({"ok": true}))));
+
+        let req = server.await.unwrap();
+        let (head, body) = req.split_once("\r\n\r\n").unwrap();
+        let head = head.to_ascii_lowercase();
+        assert!(head.starts_with("post /jobs http/1.1\r\n"), "{req}");
+        for h in [
+            "idempotency-key: job-1",
+            "x-jobwarden-job-id: job-1",
+            "x-jobwarden-attempt: 2",
+            "x-jobwarden-deadline-ms: 30000",
+            "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert!(
+                head.contains(&format!("\r\n{h}\r\n")),
+                "{h} missing in {req}"
+            );
+        }
+        let expected = json!({
+            "id": "job-1", "queue": "emails", "attempt": 2, "max_attempts": 5,
+            "payload": {"to": "a@b.c"},
+            "progress_url": "http://127.0.0.1:7433/v1/jobs/job-1/progress",
+        });
+        assert_eq!(serde_json::from_str::<Value>(body).unwrap(), expected);
+
+        // No body, or not JSON: success without a result.
+        let (url, _s) = serve("204 No Content", "", "", Duration::ZERO).await;
+        assert_eq!(call(&url, &job()).await, Ok(None));
+        let (url, _s) = serve("200 OK", "", "done", Duration::ZERO).await;
+        assert_eq!(call(&url, &job()).await, Ok(None));
+    }
+
+    #[tokio::test]
+    async fn error_statuses() {
+        let ra = "Retry-After: 7\r\n";
+        let (url, _s) = serve("503 Service Unavailable", ra, "maintenance", Duration::ZERO).await;
+        let message = format!("HTTP 503 from {url}: maintenance");
+        let retry_after = Some(Duration::from_secs(7));
+        assert_eq!(
+            call(&url, &job()).await,
+            Err(JobError::Retry {
+                message,
+                retry_after
+            })
+        );
+
+        let (url, _s) = serve("404 Not Found", "", "no route!", Duration::ZERO).await;
+        let message = format!("HTTP 404 from {url}: no route!");
+        assert_eq!(call(&url, &job()).await, Err(JobError::Permanent(message)));
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_retried() {
+        let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jobs", dead.local_addr().unwrap());
+        drop(dead);
+        let res = call(&url, &job()).await;
+        assert!(
+            matches!(&res, Err(JobError::Retry { message, retry_after: None })
+                if message.starts_with(&format!("request to {url} failed: "))
+                    && message.ends_with("(is the application running?)")),
+            "{res:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn timeout_and_cancellation_abort_the_request() {
+        let (url, _s) = serve("200 OK", "", "", Duration::from_secs(10)).await;
+        let mut job = job();
+        job.timeout = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        assert_eq!(
+            call(&url, &job).await,
+            Err(JobError::retry("timed out after 300ms"))
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+
+        let (url, _s) = serve("200 OK", "", "", Duration::from_secs(10)).await;
+        let job = self::job();
+        let cancel = job.cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            cancel.cancel();
+        });
+        assert_eq!(call(&url, &job).await, Err(JobError::retry("cancelled")));
+    }
+
+    #[tokio::test]
+    async fn status_classification() {
+        let h = HttpHandler::new("http://127.0.0.1:1/x");
+        let secs = Some(Duration::from_secs(3));
+        let kind = |code, retry_after, body: &[u8]| match h.outcome(
+            StatusCode::from_u16(code).unwrap(),
+            retry_after,
+            body,
+        ) {
+            Ok(_) => "ok".to_string(),
+            Err(JobError::Retry { retry_after, .. }) => format!("retry {retry_after:?}"),
+            Err(JobError::Permanent(m)) => format!("permanent {}", m.len()),
+        };
+        assert_eq!(kind(408, None, b""), "retry None");
+        assert_eq!(kind(429, secs, b""), "retry Some(3s)");
+        // Retry-After only counts for 429 and 503.
+        assert_eq!(kind(500, secs, b""), "retry None");
+        assert_eq!(kind(302, None, b""), "retry None");
+        // The body is cut to 500 bytes in the message.
+        assert_eq!(kind(422, None, &[b'x'; 2000]), "permanent 536");
+    }
+}

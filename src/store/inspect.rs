@@ -44,42 +44,45 @@ pub struct AttemptRow {
 
 const TS: &str = "YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"";
 
+/// The columns `job_row` reads, in order.
+const JOB_COLUMNS: &str = "id, queue, status, priority, attempts, max_attempts, worker_id, lease,
+    stage, progress, message, last_error, payload, result, idempotency_key,
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    to_char(scheduled_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    to_char(last_activity_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+
+fn job_row(r: tokio_postgres::Row) -> JobRow {
+    JobRow {
+        id: r.get(0),
+        queue: r.get(1),
+        status: r.get(2),
+        priority: r.get(3),
+        attempts: r.get(4),
+        max_attempts: r.get(5),
+        worker_id: r.get(6),
+        lease: r.get(7),
+        stage: r.get(8),
+        progress: r.get(9),
+        message: r.get(10),
+        last_error: r.get(11),
+        payload: r.get(12),
+        result: r.get(13),
+        idempotency_key: r.get(14),
+        created_at: r.get(15),
+        scheduled_at: r.get(16),
+        started_at: r.get(17),
+        last_activity_at: r.get(18),
+        completed_at: r.get(19),
+    }
+}
+
 impl Store {
     pub async fn job_get(&self, id: &str) -> Result<Option<JobRow>> {
         let c = self.raw().await?;
-        let sql = format!(
-            "SELECT id, queue, status, priority, attempts, max_attempts, worker_id, lease, stage,
-                    progress, message, last_error, payload, result, idempotency_key,
-                    to_char(created_at AT TIME ZONE 'UTC', '{TS}'),
-                    to_char(scheduled_at AT TIME ZONE 'UTC', '{TS}'),
-                    to_char(started_at AT TIME ZONE 'UTC', '{TS}'),
-                    to_char(last_activity_at AT TIME ZONE 'UTC', '{TS}'),
-                    to_char(completed_at AT TIME ZONE 'UTC', '{TS}')
-             FROM jobs WHERE id = $1"
-        );
-        let row = c.query_opt(&sql, &[&id]).await?;
-        Ok(row.map(|r| JobRow {
-            id: r.get(0),
-            queue: r.get(1),
-            status: r.get(2),
-            priority: r.get(3),
-            attempts: r.get(4),
-            max_attempts: r.get(5),
-            worker_id: r.get(6),
-            lease: r.get(7),
-            stage: r.get(8),
-            progress: r.get(9),
-            message: r.get(10),
-            last_error: r.get(11),
-            payload: r.get(12),
-            result: r.get(13),
-            idempotency_key: r.get(14),
-            created_at: r.get(15),
-            scheduled_at: r.get(16),
-            started_at: r.get(17),
-            last_activity_at: r.get(18),
-            completed_at: r.get(19),
-        }))
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+        Ok(c.query_opt(&sql, &[&id]).await?.map(job_row))
     }
 
     pub async fn job_attempts(&self, id: &str) -> Result<Vec<AttemptRow>> {
@@ -113,24 +116,12 @@ impl Store {
     ) -> Result<Vec<JobRow>> {
         let c = self.raw().await?;
         let sql = format!(
-            "SELECT id FROM jobs
+            "SELECT {JOB_COLUMNS} FROM jobs
              WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR status = $2)
              ORDER BY created_at DESC, id LIMIT $3"
         );
-        let ids: Vec<String> = c
-            .query(&sql, &[&queue, &status, &limit])
-            .await?
-            .into_iter()
-            .map(|r| r.get(0))
-            .collect();
-        drop(c);
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(j) = self.job_get(&id).await? {
-                out.push(j);
-            }
-        }
-        Ok(out)
+        let rows = c.query(&sql, &[&queue, &status, &limit]).await?;
+        Ok(rows.into_iter().map(job_row).collect())
     }
 
     /// Count of jobs per (queue, status), for the demo and tests.

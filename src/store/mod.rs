@@ -115,8 +115,9 @@ pub struct Store {
 impl Store {
     /// Builds the pool and checks that the server answers.
     pub async fn connect(cfg: &DatabaseConfig) -> Result<Store> {
-        let mut pg = tokio_postgres::Config::from_str(&cfg.url)
-            .map_err(|e| StoreError::BadUrl(format!("{e}; expected postgres://user@host:5432/db")))?;
+        let mut pg = tokio_postgres::Config::from_str(&cfg.url).map_err(|e| {
+            StoreError::BadUrl(format!("{e}; expected postgres://user@host:5432/db"))
+        })?;
         pg.options(format!("-c search_path={}", cfg.schema))
             .connect_timeout(cfg.connect_timeout)
             .keepalives(true)
@@ -213,10 +214,7 @@ impl Store {
     pub async fn schema_version(&self) -> Result<i32> {
         let client = self.client().await?;
         let row = client
-            .query_opt(
-                "SELECT max(version)::int4 FROM jobwarden_migrations",
-                &[],
-            )
+            .query_opt("SELECT max(version)::int4 FROM jobwarden_migrations", &[])
             .await;
         match row {
             Ok(Some(r)) => Ok(r.get::<_, Option<i32>>(0).unwrap_or(0)),
@@ -230,7 +228,10 @@ impl Store {
     pub async fn drop_schema(&self) -> Result<()> {
         self.client()
             .await?
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            ))
             .await?;
         Ok(())
     }
@@ -239,7 +240,9 @@ impl Store {
 
     pub async fn worker_register(&self, id: &str, hostname: &str, pid: i32) -> Result<()> {
         let c = self.client().await?;
-        let st = c.prepare_cached(include_str!("sql/worker_register.sql")).await?;
+        let st = c
+            .prepare_cached(include_str!("sql/worker_register.sql"))
+            .await?;
         c.execute(&st, &[&id, &hostname, &pid, &env!("CARGO_PKG_VERSION")])
             .await?;
         Ok(())
@@ -248,13 +251,17 @@ impl Store {
     /// Refreshes this worker's heartbeat. `false`: the row says this worker stopped.
     pub async fn worker_beat(&self, id: &str) -> Result<bool> {
         let c = self.client().await?;
-        let st = c.prepare_cached(include_str!("sql/worker_beat.sql")).await?;
+        let st = c
+            .prepare_cached(include_str!("sql/worker_beat.sql"))
+            .await?;
         Ok(c.execute(&st, &[&id]).await? == 1)
     }
 
     pub async fn worker_stop(&self, id: &str) -> Result<()> {
         let c = self.client().await?;
-        let st = c.prepare_cached(include_str!("sql/worker_stop.sql")).await?;
+        let st = c
+            .prepare_cached(include_str!("sql/worker_stop.sql"))
+            .await?;
         c.execute(&st, &[&id]).await?;
         Ok(())
     }
@@ -286,7 +293,11 @@ impl Store {
             payloads.push(&c.job.payload);
             prios.push(c.job.priority);
             maxes.push(c.max_attempts);
-            timeouts.push(c.job.timeout.map(|d| d.as_millis().min(i32::MAX as u128) as i32));
+            timeouts.push(
+                c.job
+                    .timeout
+                    .map(|d| d.as_millis().min(i32::MAX as u128) as i32),
+            );
             keys.push(c.job.idempotency_key.as_deref());
             run_ats.push(c.job.run_at_ms);
         }
@@ -452,7 +463,9 @@ impl Store {
         let st = client
             .prepare_cached(include_str!("sql/job_insert.sql"))
             .await?;
-        let timeout_ms = job.timeout.map(|d| d.as_millis().min(i32::MAX as u128) as i32);
+        let timeout_ms = job
+            .timeout
+            .map(|d| d.as_millis().min(i32::MAX as u128) as i32);
         let delay_ms = delay.as_millis().min(i64::MAX as u128) as i64;
         let row = client
             .query_opt(
@@ -563,7 +576,10 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("job_dead_invalid", include_str!("sql/job_dead_invalid.sql")),
     ("poison_insert", include_str!("sql/poison_insert.sql")),
     ("job_due_lock", include_str!("sql/job_due_lock.sql")),
-    ("job_due_published", include_str!("sql/job_due_published.sql")),
+    (
+        "job_due_published",
+        include_str!("sql/job_due_published.sql"),
+    ),
     ("worker_register", include_str!("sql/worker_register.sql")),
     ("worker_beat", include_str!("sql/worker_beat.sql")),
     ("worker_stop", include_str!("sql/worker_stop.sql")),

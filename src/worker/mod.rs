@@ -135,20 +135,20 @@ impl Worker {
             let h: Arc<dyn Handler> = match config.handler_for(name).expect("validated") {
                 HandlerConfig::Http { url } => Arc::new(HttpHandler::new(url)),
                 HandlerConfig::Exec { command, env } => Arc::new(ExecHandler::new(command, env)),
-                HandlerConfig::Rust { name: hname } => self
-                    .rust_handlers
-                    .get(hname)
-                    .cloned()
-                    .ok_or_else(|| WorkerError::UnknownRustHandler {
-                        queue: name.clone(),
-                        name: hname.clone(),
-                    })?,
+                HandlerConfig::Rust { name: hname } => {
+                    self.rust_handlers.get(hname).cloned().ok_or_else(|| {
+                        WorkerError::UnknownRustHandler {
+                            queue: name.clone(),
+                            name: hname.clone(),
+                        }
+                    })?
+                }
             };
             handlers.insert(name.clone(), h);
         }
 
-        let store = retry_connect("PostgreSQL", &cancel, || Store::connect(&config.database))
-            .await?;
+        let store =
+            retry_connect("PostgreSQL", &cancel, || Store::connect(&config.database)).await?;
         let broker = retry_connect("NATS", &cancel, || Broker::connect(&config.nats)).await?;
         info!("{}", broker.features_line());
         if config.worker.migrate {
@@ -222,7 +222,11 @@ impl Worker {
         let mut background = JoinSet::new();
         background.spawn(scheduler::Scheduler::new(shared.clone()).run(background_cancel.clone()));
         background.spawn(heartbeat(shared.clone(), background_cancel.clone()));
-        background.spawn(api::serve(listener, shared.clone(), background_cancel.clone()));
+        background.spawn(api::serve(
+            listener,
+            shared.clone(),
+            background_cancel.clone(),
+        ));
 
         Ok(RunningWorker {
             id: worker_id,
@@ -315,7 +319,9 @@ async fn heartbeat(shared: Arc<Shared>, cancel: CancellationToken) {
         }
         match shared.store.worker_beat(&shared.worker_id).await {
             Ok(true) => {}
-            Ok(false) => warn!(worker.id = %shared.worker_id, "workers row says this worker stopped"),
+            Ok(false) => {
+                warn!(worker.id = %shared.worker_id, "workers row says this worker stopped")
+            }
             Err(e) => warn!(cause = %e, "heartbeat failed"),
         }
     }

@@ -36,7 +36,7 @@ const PULL_EXPIRES: Duration = Duration::from_secs(10);
 const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 
 enum PullEvent {
-    Msg(u64, async_nats::jetstream::Message),
+    Msg(u64, Box<async_nats::jetstream::Message>),
     Failed(String),
     End(u64),
 }
@@ -117,7 +117,7 @@ impl Producer {
                         remaining.insert(id, n);
                         let s = batch
                             .map(move |m| match m {
-                                Ok(m) => PullEvent::Msg(id, m),
+                                Ok(m) => PullEvent::Msg(id, Box::new(m)),
                                 Err(e) => PullEvent::Failed(e.to_string()),
                             })
                             .chain(futures::stream::once(async move { PullEvent::End(id) }));
@@ -151,7 +151,7 @@ impl Producer {
                                     *r = r.saturating_sub(1);
                                 }
                                 let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
-                                arrived.push(Delivered { body: m, seq });
+                                arrived.push(Delivered { body: *m, seq });
                             }
                             PullEvent::Failed(cause) => {
                                 debug!(queue = %self.queue, %cause, "pull status");
@@ -239,7 +239,10 @@ impl Producer {
                 warn!(queue = %self.queue, cause = %e, n = valid.len(), "claim failed; messages returned to the stream");
                 let msgs = valid.into_iter().map(|(_, d)| d).chain(duplicates);
                 for d in msgs {
-                    let _ = d.body.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                    let _ = d
+                        .body
+                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                        .await;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 return;

@@ -74,16 +74,23 @@ async fn publish_all(broker: crate::broker::Broker, due: Vec<DueJob>) -> Vec<Str
             idempotency_key: None,
             run_at_ms: None,
         };
-        match broker.publish_job(&job.queue, &envelope, job.generation).await {
+        match broker
+            .publish_job(&job.queue, &envelope, job.generation)
+            .await
+        {
             Ok(ack) => pending.push((job.id, ack)),
-            Err(e) => warn!(job.id = %job.id, cause = %e, "publishing a due job failed; will retry"),
+            Err(e) => {
+                warn!(job.id = %job.id, cause = %e, "publishing a due job failed; will retry")
+            }
         }
     }
     let mut published = Vec::with_capacity(pending.len());
     for (id, ack) in pending {
         match ack.await {
             Ok(_) => published.push(id),
-            Err(e) => warn!(job.id = %id, cause = %e, "stream did not confirm a due job; will retry"),
+            Err(e) => {
+                warn!(job.id = %id, cause = %e, "stream did not confirm a due job; will retry")
+            }
         }
     }
     published
