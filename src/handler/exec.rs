@@ -58,6 +58,12 @@ impl ExecHandler {
 
     fn command(&self, job: &JobContext) -> Command {
         let mut cmd = Command::new(&self.program);
+        // The sidecar's own settings (database and NATS credentials) are not the job's.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("JOBWARDEN_") && key != "JOBWARDEN_API" {
+                cmd.env_remove(key);
+            }
+        }
         cmd.args(&self.args)
             .envs(&self.env)
             .env("JOB_ID", &job.id)
@@ -207,7 +213,20 @@ async fn drive(
             Some(p) = progress.recv() => {
                 job.progress(p).await.map_err(|_| "ownership lost".to_string())?
             }
-            status = child.wait() => return status.map_err(|e| format!("waiting failed: {e}")),
+            status = child.wait() => {
+                let status = status.map_err(|e| format!("waiting failed: {e}"))?;
+                // Reports written just before the exit may still be in the pipe: apply them,
+                // in order, so the row shows the latest one.
+                let _ = tokio::time::timeout(DRAIN_GRACE, async {
+                    while let Some(p) = progress.recv().await {
+                        if job.progress(p).await.is_err() {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                return Ok(status);
+            }
         }
     }
 }

@@ -7,12 +7,14 @@
 //! - [`completer`]: settles finished attempts in grouped statements, then acks (commit,
 //!   then ack — invariant 3).
 //! - [`scheduler`]: publishes delayed jobs and retries when they become due.
+//! - [`janitor`]: dead-letters messages published to subjects no consumer serves.
 //! - the heartbeat loop below keeps this worker's `workers` row fresh.
 //!
 //! Shutdown is one `CancellationToken`: every loop `select!`s on it.
 
 mod completer;
 mod executor;
+mod janitor;
 mod producer;
 mod scheduler;
 
@@ -221,6 +223,7 @@ impl Worker {
         let background_cancel = CancellationToken::new();
         let mut background = JoinSet::new();
         background.spawn(scheduler::Scheduler::new(shared.clone()).run(background_cancel.clone()));
+        background.spawn(janitor::Janitor::new(shared.clone()).run(background_cancel.clone()));
         background.spawn(heartbeat(shared.clone(), background_cancel.clone()));
         background.spawn(api::serve(
             listener,

@@ -41,10 +41,10 @@ enum PullEvent {
     End(u64),
 }
 
-/// A delivered message, taken apart.
-struct Delivered {
-    body: async_nats::jetstream::Message,
-    seq: u64,
+/// A delivered message and its stream sequence.
+pub(crate) struct Delivered {
+    pub body: async_nats::jetstream::Message,
+    pub seq: u64,
 }
 
 pub(crate) struct Producer {
@@ -220,7 +220,7 @@ impl Producer {
             }
         }
         if !invalid.is_empty() {
-            self.record_invalid(invalid).await;
+            record_invalid(&self.shared, &self.queue, invalid, false).await;
         }
         if valid.is_empty() {
             self.drop_messages(duplicates).await;
@@ -312,53 +312,65 @@ impl Producer {
             let _ = d.body.ack().await;
         }
     }
+}
 
-    /// Records messages that cannot become jobs, then acks them: as dead jobs with the reason
-    /// when possible, in `poison_messages` otherwise. If even that fails they are nak'd and
-    /// come back later; nothing is dropped without a record (invariant 9).
-    async fn record_invalid(&self, items: Vec<(Delivered, String, String)>) {
-        let store = &self.shared.store;
-        let me = &self.shared.worker_id;
-        let rows: Vec<(String, String, Value, String)> = items
-            .iter()
-            .map(|(d, id, reason)| {
-                (
-                    id.clone(),
-                    self.queue.clone(),
-                    invalid_payload(&d.body.payload),
-                    reason.clone(),
+/// Records messages that cannot become jobs, then acks them: as dead jobs with the reason
+/// when possible, in `poison_messages` otherwise. If even that fails they are nak'd and
+/// come back later; nothing is dropped without a record (invariant 9).
+pub(crate) async fn record_invalid(
+    shared: &Shared,
+    queue: &str,
+    items: Vec<(Delivered, String, String)>,
+    confirm_acks: bool,
+) {
+    let store = &shared.store;
+    let me = &shared.worker_id;
+    let rows: Vec<(String, String, Value, String)> = items
+        .iter()
+        .map(|(d, id, reason)| {
+            (
+                id.clone(),
+                queue.to_string(),
+                invalid_payload(&d.body.payload),
+                reason.clone(),
+            )
+        })
+        .collect();
+    let inserted: HashSet<String> = match store.job_dead_invalid(me, &rows).await {
+        Ok(ids) => ids.into_iter().collect(),
+        Err(e) => {
+            warn!(queue = %queue, cause = %e, "could not record invalid messages as dead jobs");
+            HashSet::new()
+        }
+    };
+    for (d, id, reason) in items {
+        let recorded = inserted.contains(&id)
+            || store
+                .poison_insert(
+                    me,
+                    d.body.subject.as_str(),
+                    Some(d.seq as i64),
+                    &reason,
+                    &d.body.payload,
                 )
-            })
-            .collect();
-        let inserted: HashSet<String> = match store.job_dead_invalid(me, &rows).await {
-            Ok(ids) => ids.into_iter().collect(),
-            Err(e) => {
-                warn!(queue = %self.queue, cause = %e, "could not record invalid messages as dead jobs");
-                HashSet::new()
-            }
-        };
-        for (d, id, reason) in items {
-            let recorded = inserted.contains(&id)
-                || store
-                    .poison_insert(
-                        me,
-                        d.body.subject.as_str(),
-                        Some(d.seq as i64),
-                        &reason,
-                        &d.body.payload,
-                    )
-                    .await
-                    .is_ok();
-            if recorded {
-                Stats::add(&self.shared.stats.invalid, 1);
-                warn!(queue = %self.queue, nats.seq = d.seq, job.id = %id, %reason, "invalid message recorded and acked");
-                let _ = d.body.ack().await;
+                .await
+                .is_ok();
+        if recorded {
+            Stats::add(&shared.stats.invalid, 1);
+            warn!(queue = %queue, nats.seq = d.seq, job.id = %id, %reason, "invalid message recorded and acked");
+            let acked = if confirm_acks {
+                d.body.double_ack().await
             } else {
-                let _ = d
-                    .body
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
-                    .await;
+                d.body.ack().await
+            };
+            if let Err(e) = acked {
+                warn!(nats.seq = d.seq, cause = %e, "ack of a recorded invalid message failed");
             }
+        } else {
+            let _ = d
+                .body
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
+                .await;
         }
     }
 }
