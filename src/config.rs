@@ -218,8 +218,10 @@ impl Config {
             fig = fig.merge(Toml::file(p));
         }
         let env = Env::prefixed("JOBWARDEN_").split("__").filter(|k| {
-            let first = k.as_str().split('.').next().unwrap_or("");
-            ENV_SECTIONS.contains(&first)
+            // The key may or may not be split into a dotted path yet.
+            let first = k.as_str().split("__").next().unwrap_or("");
+            let first = first.split('.').next().unwrap_or("").to_ascii_lowercase();
+            ENV_SECTIONS.contains(&first.as_str())
         });
         Config::from_figment(fig.merge(env), require_queues)
     }

@@ -1,0 +1,267 @@
+//! The `jobwarden` binary: bad configuration, bad arguments and unreachable servers get clear
+//! messages and the right exit codes; enqueue and inspect work against real servers.
+
+mod common;
+
+use common::{test_database_url, wait_for, TestEnv};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn jobwarden(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobwarden"));
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run jobwarden")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn write_config(body: &str) -> tempfile_path::TempPath {
+    tempfile_path::TempPath::with(body)
+}
+
+/// A tiny temp-file helper (no extra crate): removed on drop.
+mod tempfile_path {
+    pub struct TempPath(pub std::path::PathBuf);
+    impl TempPath {
+        pub fn with(body: &str) -> TempPath {
+            let p = std::env::temp_dir().join(format!(
+                "jobwarden-test-{}-{:08x}.toml",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            std::fs::write(&p, body).unwrap();
+            TempPath(p)
+        }
+        pub fn as_str(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[test]
+fn config_check_lists_every_error_and_exits_2() {
+    let cfg = write_config(
+        r#"
+        [nats]
+        ack_wait = "1m"
+        [queues.email]
+        concurrency = 0
+        handler = { kind = "http", url = "ftp://x" }
+        [queues.pdf]
+        handler = { kind = "exec", command = [] }
+        "#,
+    );
+    let out = jobwarden(&["--config", cfg.as_str(), "config", "check"], &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("nats.ack_wait (1m) must be greater than worker.stale_after (5m) + worker.sweep_every (30s)"), "{t}");
+    assert!(t.contains("queues.email.concurrency (0)"), "{t}");
+    assert!(t.contains("must start with http://"), "{t}");
+    assert!(t.contains("queues.pdf.handler.command is empty"), "{t}");
+}
+
+#[test]
+fn config_check_prints_the_effective_config_with_secrets_redacted() {
+    let cfg = write_config(
+        r#"
+        [database]
+        url = "postgres://app:s3cret@db.internal:5432/jobs"
+        [queues.email]
+        handler = { kind = "http", url = "http://127.0.0.1:8080/jobs" }
+        "#,
+    );
+    let out = jobwarden(
+        &["--config", cfg.as_str(), "config", "check"],
+        &[("JOBWARDEN_QUEUES__EMAIL__CONCURRENCY", "7")],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(!t.contains("s3cret"), "{t}");
+    assert!(
+        t.contains("postgres://app:****@db.internal:5432/jobs"),
+        "{t}"
+    );
+    assert!(t.contains("concurrency = 7"), "env override applied: {t}");
+}
+
+#[test]
+fn bad_arguments_and_files_exit_2_with_the_fix() {
+    let out = jobwarden(
+        &["--config", "/nonexistent/jobwarden.toml", "config", "check"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("does not exist"), "{}", text(&out));
+    let out = jobwarden(&["enqueue", "email"], &[]);
+    assert_eq!(out.status.code(), Some(2), "clap rejects a missing payload");
+    let out = jobwarden(&["enqueue", "email", "{}", "--delay", "soon"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("--delay"), "{}", text(&out));
+    let out = jobwarden(&["frobnicate"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn unreachable_postgres_is_named_in_the_error() {
+    let out = jobwarden(
+        &["migrate"],
+        &[(
+            "JOBWARDEN_DATABASE__URL",
+            "postgres://postgres@127.0.0.1:1/nowhere",
+        )],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("PostgreSQL at 127.0.0.1:1/nowhere is unreachable"),
+        "{t}"
+    );
+}
+
+#[test]
+fn run_keeps_retrying_unreachable_servers_and_stops_on_sigterm() {
+    let cfg = write_config(
+        r#"
+        [database]
+        url = "postgres://postgres@127.0.0.1:1/nowhere"
+        [worker]
+        api_listen = "127.0.0.1:0"
+        [queues.email]
+        handler = { kind = "http", url = "http://127.0.0.1:8080/jobs" }
+        "#,
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_jobwarden"))
+        .args(["--config", cfg.as_str(), "run"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "run must not exit while retrying"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("PostgreSQL not available") && err.contains("127.0.0.1:1/nowhere"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[tokio::test]
+async fn enqueue_then_show_and_list() {
+    let env = TestEnv::new("[queues.email]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    let envs = [
+        ("JOBWARDEN_DATABASE__URL", test_database_url()),
+        (
+            "JOBWARDEN_DATABASE__SCHEMA",
+            env.config.database.schema.clone(),
+        ),
+        ("JOBWARDEN_NATS__URL", env.nats.url()),
+    ];
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = jobwarden(
+        &[
+            "enqueue",
+            "email",
+            r#"{"to":"a@example.com"}"#,
+            "--id",
+            "cli-1",
+            "--priority",
+            "2",
+        ],
+        &envs,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("cli-1 queued"), "{}", text(&out));
+    let out = jobwarden(
+        &[
+            "enqueue",
+            "email",
+            r#"{"to":"a@example.com"}"#,
+            "--id",
+            "cli-1",
+        ],
+        &envs,
+    );
+    assert!(text(&out).contains("already enqueued"), "{}", text(&out));
+    let out = jobwarden(&["enqueue", "email", "not json"], &envs);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("payload is not valid JSON"),
+        "{}",
+        text(&out)
+    );
+
+    // The message reached the stream: a worker runs it.
+    let worker = env
+        .worker(&[("h", jobwarden::handler::from_fn(|_j| async { Ok(None) }))])
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.status_of("cli-1").await.as_deref() == Some("completed")
+        })
+        .await
+    );
+    worker.shutdown().await;
+
+    let out = jobwarden(&["jobs", "show", "cli-1"], &envs);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("status:        completed"), "{t}");
+    assert!(t.contains("priority:      2"), "{t}");
+    assert!(t.contains("#1 "), "attempt listed: {t}");
+    let out = jobwarden(&["jobs", "list", "--status", "completed", "--json"], &envs);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["id"], "cli-1");
+    let out = jobwarden(&["jobs", "show", "missing"], &envs);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("no job with id \"missing\""),
+        "{}",
+        text(&out)
+    );
+    let out = jobwarden(&["jobs", "list", "--status", "running"], &envs);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("use one of queued"), "{}", text(&out));
+}
