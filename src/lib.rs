@@ -15,6 +15,7 @@ pub mod bench;
 pub mod broker;
 pub mod client;
 pub mod config;
+pub mod demo;
 pub mod handler;
 pub mod job;
 pub mod store;

@@ -70,6 +70,8 @@ enum Command {
     },
     /// Benchmark: push no-op jobs through a worker and print throughput and latency.
     Bench(jobwarden::bench::BenchArgs),
+    /// Demo: throwaway servers, several workers, a mixed workload, live progress and counts.
+    Demo(jobwarden::demo::DemoArgs),
 }
 
 #[derive(Subcommand)]
@@ -211,6 +213,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             jobs(&store, command).await
         }
         Command::Bench(args) => jobwarden::bench::run(args, path.as_deref()).await,
+        Command::Demo(args) => jobwarden::demo::run(args).await,
     }
 }
 
