@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Run jobwarden's test suite: make sure the servers it needs are there
+# (scripts/ensure-servers.sh), then build and run every target.
+#
+# Usage: scripts/test.sh [CARGO TEST ARGS...] [-- TEST BINARY ARGS...]
+#   e.g. scripts/test.sh --test core          # one integration test file
+#        scripts/test.sh claim -- --nocapture  # tests matching "claim", with output
+#
+# Runs: cargo build --all-targets
+#       cargo test --all-targets [ARGS...] -- --test-threads=2 [TEST BINARY ARGS...]
+# (--test-threads=2 is left out if you pass your own --test-threads).
+# Exits with cargo's exit code. Never prompts (also fine with CI=true and no
+# terminal).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Split our arguments: before the first `--` for cargo test, after it for the
+# test binaries.
+cargo_args=()
+harness_args=()
+seen_sep=0
+for arg in "$@"; do
+    if ((seen_sep)); then
+        harness_args+=("$arg")
+    elif [[ $arg == "--" ]]; then
+        seen_sep=1
+    else
+        cargo_args+=("$arg")
+    fi
+done
+threads=(--test-threads=2)
+for arg in "${harness_args[@]}"; do
+    [[ $arg == --test-threads* ]] && threads=()
+done
+
+# The test harness finds nats-server in /usr/sbin itself; this is for anything
+# else that looks it up on PATH.
+case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH="$PATH:/usr/sbin" ;; esac
+export PATH
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+echo "==> jobwarden tests in $PWD${CI:+ (CI=$CI)}"
+echo "==> scripts/ensure-servers.sh (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test})"
+bash scripts/ensure-servers.sh
+
+echo "==> $(cargo --version)"
+echo "==> cargo build --all-targets"
+rc=0
+cargo build --all-targets || rc=$?
+if ((rc != 0)); then
+    echo "==> FAILED: cargo build exited with $rc" >&2
+    exit "$rc"
+fi
+
+test_cmd=(cargo test --all-targets "${cargo_args[@]}" -- "${threads[@]}" "${harness_args[@]}")
+echo "==> ${test_cmd[*]}"
+"${test_cmd[@]}" || rc=$?
+if ((rc != 0)); then
+    echo "==> FAILED: cargo test exited with $rc" >&2
+else
+    echo "==> all tests passed"
+fi
+exit "$rc"
