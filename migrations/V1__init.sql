@@ -42,19 +42,22 @@ CREATE INDEX jobs_queue_status ON jobs (queue, status, created_at);
 -- Enqueueing twice with one key returns the first job.
 CREATE UNIQUE INDEX jobs_idempotency ON jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- One row per finished attempt (or per attempt taken away from its owner), so "why did this
--- job run three times?" is one query.
+-- One row per finished attempt, per attempt taken away from its owner (with the reason),
+-- and per late result an old owner tried to write, so "why did this job run three times?"
+-- is one query. outcome: completed, retry, dead, released (graceful shutdown, attempt not
+-- counted), restarted, owner_dead, stale, self_fenced, lost_ownership, broker_lost.
 CREATE TABLE job_attempts (
+    id          bigserial   PRIMARY KEY,
     job_id      text        NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     lease       bigint      NOT NULL,       -- the claim this attempt ran under
     attempt     integer     NOT NULL,
-    worker_id   text        NOT NULL,
-    started_at  timestamptz NOT NULL,
+    worker_id   text,
+    started_at  timestamptz,
     finished_at timestamptz NOT NULL DEFAULT now(),
-    outcome     text        NOT NULL,       -- completed, retry, dead, lost_ownership, ...
-    error       text,
-    PRIMARY KEY (job_id, lease)
+    outcome     text        NOT NULL,
+    error       text
 );
+CREATE INDEX job_attempts_job ON job_attempts (job_id, id);
 
 -- Every worker process that ever ran, with its heartbeat.
 CREATE TABLE workers (
@@ -64,7 +67,10 @@ CREATE TABLE workers (
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
     stopped_at   timestamptz,
-    version      text        NOT NULL
+    stop_reason  text,                      -- shutdown, owner_dead, restarted
+    version      text        NOT NULL,
+    boot_id      text,                      -- the machine's boot id and the process start time
+    proc_start   bigint                     -- (clock ticks since boot) identify one process
 );
 CREATE INDEX workers_hostname ON workers (hostname);
 

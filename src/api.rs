@@ -4,8 +4,12 @@
 //!   records progress for a job this worker runs (fenced by its lease) and keeps its message
 //!   alive. `200` recorded; `404` not running here; `409` taken from this worker (stop work);
 //!   `400` malformed body.
+//! - `POST /v1/drain` — stop taking jobs, let running ones finish within
+//!   `worker.shutdown_grace`, give back the rest; answers when done with
+//!   `{"finished": n, "released": m}`. The process keeps running (for a Kubernetes `preStop`
+//!   hook on the application container, so jobs stop before the application does).
 //! - `GET /healthz` — the process is alive (liveness: never checks the servers).
-//! - `GET /readyz` — PostgreSQL and NATS answer (readiness).
+//! - `GET /readyz` — PostgreSQL and NATS answer and the worker is not draining (readiness).
 
 use crate::handler::Progress;
 use crate::worker::Shared;
@@ -26,6 +30,7 @@ pub(crate) async fn serve(
 ) {
     let app = Router::new()
         .route("/v1/jobs/{id}/progress", post(progress))
+        .route("/v1/drain", post(drain))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .with_state(shared);
@@ -76,7 +81,15 @@ async fn progress(
     }
 }
 
+async fn drain(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let report = shared.drain(shared.config.worker.shutdown_grace).await;
+    Json(json!({"finished": report.finished, "released": report.released}))
+}
+
 async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining".to_string());
+    }
     let pg = shared.store.ping().await;
     let nats = shared.broker.client.connection_state();
     let nats_ok = matches!(nats, async_nats::connection::State::Connected);

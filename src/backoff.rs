@@ -82,6 +82,8 @@ pub enum Outcome {
     Permanent {
         error: String,
     },
+    /// Stopped by a graceful shutdown: give the job back without counting the attempt.
+    Released,
 }
 
 /// What the store should make of the job after an attempt.
@@ -96,6 +98,8 @@ pub enum Settlement {
     Dead {
         error: String,
     },
+    /// Give the job back now, attempt refunded (graceful shutdown).
+    Release,
 }
 
 /// Decides the next state of a job whose attempt number `attempt` (1-based, already counted)
@@ -109,6 +113,7 @@ pub fn settle(
 ) -> Settlement {
     match outcome {
         Outcome::Success(result) => Settlement::Complete(result),
+        Outcome::Released => Settlement::Release,
         Outcome::Permanent { error } => Settlement::Dead {
             error: format!("permanent error: {error}"),
         },
@@ -210,6 +215,11 @@ mod tests {
         assert_eq!(
             settle(Outcome::Success(None), 1, 1, &e, 0.5),
             Settlement::Complete(None)
+        );
+        // A release at shutdown never dead-letters, even on the last attempt.
+        assert_eq!(
+            settle(Outcome::Released, 3, 3, &e, 0.5),
+            Settlement::Release
         );
     }
 }

@@ -26,6 +26,9 @@ pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:7433";
 pub const DEFAULT_HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
 pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(30);
+pub const DEFAULT_DEAD_AFTER: Duration = Duration::from_secs(15);
+pub const DEFAULT_REAP_EVERY: Duration = Duration::from_secs(1);
+pub const DEFAULT_BROKER_LOST_AFTER: Duration = Duration::from_secs(15);
 pub const DEFAULT_SCHEDULER_EVERY: Duration = Duration::from_millis(250);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -89,6 +92,16 @@ pub struct WorkerConfig {
     pub stale_after: Duration,
     #[serde(with = "humantime_serde")]
     pub sweep_every: Duration,
+    /// A worker whose heartbeat is older than this is dead: its jobs are reclaimed.
+    #[serde(with = "humantime_serde")]
+    pub dead_after: Duration,
+    /// How often the heartbeat reaper looks for dead workers.
+    #[serde(with = "humantime_serde")]
+    pub reap_every: Duration,
+    /// A `queued` job older than this, on a queue whose consumer has nothing left to
+    /// deliver, lost its message and is republished.
+    #[serde(with = "humantime_serde")]
+    pub broker_lost_after: Duration,
     #[serde(with = "humantime_serde")]
     pub scheduler_every: Duration,
     #[serde(with = "humantime_serde")]
@@ -125,6 +138,9 @@ pub struct QueueConfig {
     pub timeout: Duration,
     pub max_attempts: u32,
     pub backoff: Backoff,
+    /// Overrides worker.stale_after for this queue's jobs.
+    #[serde(with = "humantime_serde", default)]
+    pub stale_after: Option<Duration>,
     pub handler: Option<HandlerConfig>,
 }
 
@@ -162,6 +178,9 @@ impl Default for WorkerConfig {
             heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
             stale_after: DEFAULT_STALE_AFTER,
             sweep_every: DEFAULT_SWEEP_EVERY,
+            dead_after: DEFAULT_DEAD_AFTER,
+            reap_every: DEFAULT_REAP_EVERY,
+            broker_lost_after: DEFAULT_BROKER_LOST_AFTER,
             scheduler_every: DEFAULT_SCHEDULER_EVERY,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -178,6 +197,7 @@ impl Default for QueueConfig {
             timeout: DEFAULT_TIMEOUT,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
+            stale_after: None,
             handler: None,
         }
     }
@@ -277,6 +297,30 @@ impl Config {
                 fmt_dur(w.stale_after),
                 fmt_dur(w.sweep_every)
             ));
+        }
+        for (name, q) in &self.queues {
+            if let Some(stale) = q.stale_after {
+                if n.ack_wait <= stale + w.sweep_every {
+                    errs.push(format!(
+                        "nats.ack_wait ({}) must be greater than queues.{name}.stale_after ({}) + \
+                         worker.sweep_every ({}); raise nats.ack_wait or lower the other two",
+                        fmt_dur(n.ack_wait),
+                        fmt_dur(stale),
+                        fmt_dur(w.sweep_every)
+                    ));
+                }
+            }
+        }
+        if w.dead_after < w.heartbeat_every * 2 {
+            errs.push(format!(
+                "worker.dead_after ({}) must be at least twice worker.heartbeat_every ({}), or \
+                 a live worker that misses one beat is declared dead",
+                fmt_dur(w.dead_after),
+                fmt_dur(w.heartbeat_every)
+            ));
+        }
+        if w.reap_every.is_zero() || w.broker_lost_after.is_zero() {
+            errs.push("worker.reap_every and worker.broker_lost_after must be above zero".into());
         }
         if w.heartbeat_every.is_zero() || w.heartbeat_every >= w.stale_after {
             errs.push(format!(

@@ -18,6 +18,7 @@ pub mod config;
 pub mod demo;
 pub mod handler;
 pub mod job;
+pub mod liveness;
 pub mod store;
 pub mod testkit;
 pub mod worker;

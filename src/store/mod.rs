@@ -6,7 +6,9 @@
 //! keepalives and timeouts can be set), with `search_path` set to the configured schema.
 
 mod inspect;
+mod liveness;
 pub use inspect::{AttemptRow, JobRow};
+pub use liveness::{Incarnation, Reclaimed};
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};
@@ -81,6 +83,8 @@ pub struct SettleInput {
     pub result: Option<Value>,
     /// What the attempts table says of this attempt (`completed`, `retry`, `dead`, …).
     pub outcome: &'static str,
+    /// A graceful release gives the attempt back.
+    pub refund: bool,
 }
 
 /// A scheduled job that became due, locked for publishing.
@@ -238,13 +242,24 @@ impl Store {
 
     // ---- workers ----------------------------------------------------------------------
 
-    pub async fn worker_register(&self, id: &str, hostname: &str, pid: i32) -> Result<()> {
+    pub async fn worker_register(
+        &self,
+        id: &str,
+        hostname: &str,
+        pid: i32,
+        boot_id: Option<&str>,
+        proc_start: Option<i64>,
+    ) -> Result<()> {
         let c = self.client().await?;
         let st = c
             .prepare_cached(include_str!("sql/worker_register.sql"))
             .await?;
-        c.execute(&st, &[&id, &hostname, &pid, &env!("CARGO_PKG_VERSION")])
-            .await?;
+        let version = env!("CARGO_PKG_VERSION");
+        c.execute(
+            &st,
+            &[&id, &hostname, &pid, &version, &boot_id, &proc_start],
+        )
+        .await?;
         Ok(())
     }
 
@@ -257,12 +272,12 @@ impl Store {
         Ok(c.execute(&st, &[&id]).await? == 1)
     }
 
-    pub async fn worker_stop(&self, id: &str) -> Result<()> {
+    pub async fn worker_stop(&self, id: &str, reason: &str) -> Result<()> {
         let c = self.client().await?;
         let st = c
             .prepare_cached(include_str!("sql/worker_stop.sql"))
             .await?;
-        c.execute(&st, &[&id]).await?;
+        c.execute(&st, &[&id, &reason]).await?;
         Ok(())
     }
 
@@ -357,6 +372,7 @@ impl Store {
         let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
         let results: Vec<Option<&Value>> = batch.iter().map(|s| s.result.as_ref()).collect();
         let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
+        let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
         let client = self.client().await?;
         let st = client
             .prepare_cached(include_str!("sql/job_settle.sql"))
@@ -366,6 +382,7 @@ impl Store {
                 &st,
                 &[
                     &worker_id, &ids, &leases, &statuses, &delays, &errors, &results, &outcomes,
+                    &refunds,
                 ],
             )
             .await?;
@@ -583,4 +600,20 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("worker_register", include_str!("sql/worker_register.sql")),
     ("worker_beat", include_str!("sql/worker_beat.sql")),
     ("worker_stop", include_str!("sql/worker_stop.sql")),
+    (
+        "job_reclaim_dead_owners",
+        include_str!("sql/job_reclaim_dead_owners.sql"),
+    ),
+    (
+        "job_reclaim_owners",
+        include_str!("sql/job_reclaim_owners.sql"),
+    ),
+    (
+        "job_reclaim_stale",
+        include_str!("sql/job_reclaim_stale.sql"),
+    ),
+    ("job_release", include_str!("sql/job_release.sql")),
+    ("job_requeue_lost", include_str!("sql/job_requeue_lost.sql")),
+    ("jobs_owned", include_str!("sql/jobs_owned.sql")),
+    ("workers_on_host", include_str!("sql/workers_on_host.sql")),
 ];

@@ -71,11 +71,32 @@ impl Completer {
             }
         };
         let stats = &self.shared.stats;
+        {
+            let mut owned = self.shared.owned.lock().expect("owned lock");
+            for f in &group {
+                if owned.get(&f.id) == Some(&f.lease) {
+                    owned.remove(&f.id);
+                }
+            }
+        }
         for (f, input) in group.iter().zip(&inputs) {
             if !settled.contains(&f.id) {
                 Stats::add(&stats.lost_ownership, 1);
                 warn!(job.id = %f.id, job.lease = f.lease, worker.id = %self.shared.worker_id,
                       "completion rejected: job was taken from this worker (lost ownership); not acking");
+                continue;
+            }
+            if input.refund {
+                // Released at shutdown: nak so another worker starts it at once.
+                Stats::add(&stats.released, 1);
+                info!(job.id = %f.id, queue = %f.queue, "job released (attempt not counted)");
+                if let Err(e) = f
+                    .acker
+                    .ack_with(async_nats::jetstream::AckKind::Nak(None))
+                    .await
+                {
+                    warn!(job.id = %f.id, cause = %e, "nak after release failed");
+                }
                 continue;
             }
             match input.status {
@@ -117,6 +138,7 @@ impl Completer {
             error: None,
             result: None,
             outcome: "completed",
+            refund: false,
         };
         match settlement {
             Settlement::Complete(result) => SettleInput { result, ..base },
@@ -131,6 +153,12 @@ impl Completer {
                 status: JobStatus::Dead,
                 error: Some(error),
                 outcome: "dead",
+                ..base
+            },
+            Settlement::Release => SettleInput {
+                status: JobStatus::Scheduled,
+                outcome: "released",
+                refund: true,
                 ..base
             },
         }

@@ -7,13 +7,14 @@
 //! fence rejects the write the job was taken from us: the attempt is cancelled, nothing is
 //! settled or acked, and the loss is counted (invariant 1).
 
-use super::{completer::Finished, InFlight, Shared, Stats};
+use super::{completer::Finished, InFlight, Shared, Stats, RELEASE_WAIT, STOP_SHUTDOWN};
 use crate::backoff::Outcome;
 use crate::handler::{Handler, JobContext, LostOwnership, Progress, ProgressSink};
 use crate::store::StoreError;
 use async_nats::jetstream::{message::Acker, AckKind};
 use async_trait::async_trait;
 use serde_json::Value;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -45,12 +46,14 @@ pub(crate) async fn execute(
     done: mpsc::Sender<Finished>,
 ) {
     let cancel = CancellationToken::new();
+    let stop = Arc::new(AtomicU8::new(0));
     shared.inflight.lock().expect("inflight lock").insert(
         job.id.clone(),
         InFlight {
             lease: job.lease,
             acker: job.acker.clone(),
             cancel: cancel.clone(),
+            stop: stop.clone(),
         },
     );
     let ctx = JobContext {
@@ -89,7 +92,17 @@ pub(crate) async fn execute(
                     Ok(result) => Outcome::Success(result),
                     Err(e) => e.into(),
                 }),
-                _ = cancel.cancelled() => break None,
+                _ = cancel.cancelled() => {
+                    if stop.load(Ordering::SeqCst) != STOP_SHUTDOWN {
+                        // Ownership lost (or fenced off): drop the handler at once; its
+                        // result could not be recorded anyway.
+                        break None;
+                    }
+                    // Shutdown: the handler saw the cancel too (exec sends TERM, then KILL
+                    // after its grace); give it that long to stop, then give the job back.
+                    let _ = tokio::time::timeout(RELEASE_WAIT, &mut run).await;
+                    break Some(Outcome::Released);
+                }
                 _ = &mut deadline => {
                     cancel.cancel();
                     break Some(Outcome::Retry {
@@ -126,6 +139,7 @@ pub(crate) async fn execute(
             let _ = done.send(finished).await;
         }
         None => {
+            shared.owned.lock().expect("owned lock").remove(&job.id);
             warn!(job.id = %job.id, job.lease = job.lease, worker.id = %shared.worker_id,
                   "attempt stopped: ownership lost; not settling and not acking");
         }

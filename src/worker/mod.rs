@@ -8,14 +8,20 @@
 //!   then ack — invariant 3).
 //! - [`scheduler`]: publishes delayed jobs and retries when they become due.
 //! - [`janitor`]: dead-letters messages published to subjects no consumer serves.
-//! - the heartbeat loop below keeps this worker's `workers` row fresh.
+//! - [`heartbeat`]: keeps this worker's `workers` row fresh, checks its leases, and fences
+//!   the worker off when it cannot reach PostgreSQL.
+//! - [`rescuer`]: start-up reconciliation, the heartbeat reaper, the stale sweep and
+//!   broker-loss reconciliation.
 //!
-//! Shutdown is one `CancellationToken`: every loop `select!`s on it.
+//! Shutdown (and the drain endpoint) is [`Shared::drain`]: stop fetching, let running jobs
+//! finish within the grace, release the rest; every loop `select!`s on its token.
 
 mod completer;
 mod executor;
+mod heartbeat;
 mod janitor;
 mod producer;
+mod rescuer;
 mod scheduler;
 
 use crate::api;
@@ -25,11 +31,12 @@ use crate::handler::{exec::ExecHandler, http::HttpHandler, Handler};
 use crate::store::Store;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 pub use completer::Finished;
@@ -62,6 +69,15 @@ pub struct Stats {
     /// Messages for jobs that were terminal, running elsewhere or duplicated: acked, dropped.
     pub dropped: AtomicU64,
     pub scheduled_published: AtomicU64,
+    /// Jobs given back at shutdown or drain (attempt refunded).
+    pub released: AtomicU64,
+    /// Jobs this worker's rescuer took back, by reason.
+    pub reclaimed_restarted: AtomicU64,
+    pub reclaimed_owner_dead: AtomicU64,
+    pub reclaimed_stale: AtomicU64,
+    pub republished_broker_lost: AtomicU64,
+    /// Times this worker fenced itself off (could not renew its heartbeat in time).
+    pub self_fenced: AtomicU64,
 }
 
 impl Stats {
@@ -73,11 +89,17 @@ impl Stats {
     }
 }
 
+/// Why a running attempt was stopped.
+pub(crate) const STOP_LOST: u8 = 1;
+pub(crate) const STOP_SHUTDOWN: u8 = 2;
+
 /// A job running in this process, for progress reports arriving on the local API.
 pub(crate) struct InFlight {
     pub lease: i64,
     pub acker: Arc<async_nats::jetstream::message::Acker>,
     pub cancel: CancellationToken,
+    /// `STOP_LOST` or `STOP_SHUTDOWN`, set before `cancel` fires.
+    pub stop: Arc<AtomicU8>,
 }
 
 /// What every service of one worker shares.
@@ -88,7 +110,80 @@ pub(crate) struct Shared {
     pub broker: Broker,
     pub stats: Arc<Stats>,
     pub inflight: Mutex<HashMap<String, InFlight>>,
+    /// Jobs this worker claimed and has not settled yet (id → lease): what the lease check
+    /// compares with the database.
+    pub owned: Mutex<HashMap<String, i64>>,
     pub api_base: String,
+    /// Producers stop fetching when this fires (shutdown, drain).
+    pub fetch_cancel: CancellationToken,
+    /// Producers and their running jobs.
+    pub producers: TaskTracker,
+    /// Set while draining: readiness turns unready.
+    pub draining: AtomicBool,
+    /// Set while this worker cannot renew its heartbeat: producers pause.
+    pub fenced: AtomicBool,
+    pub hostname: String,
+}
+
+/// What a drain did.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct DrainReport {
+    /// Jobs that finished on their own during the grace.
+    pub finished: u64,
+    /// Jobs still running after the grace, stopped and given back.
+    pub released: u64,
+}
+
+/// How long a handler gets to stop after a shutdown cancel (exec: TERM, grace, KILL).
+const RELEASE_WAIT: Duration = Duration::from_secs(7);
+
+impl Shared {
+    /// Stops every running attempt for `reason` (`STOP_LOST` or `STOP_SHUTDOWN`).
+    pub(crate) fn stop_all(&self, reason: u8) -> usize {
+        let map = self.inflight.lock().expect("inflight lock");
+        for f in map.values() {
+            f.stop.store(reason, Ordering::SeqCst);
+            f.cancel.cancel();
+        }
+        map.len()
+    }
+
+    /// Stops fetching, lets running jobs finish within `grace`, then stops the rest and gives
+    /// them back (attempt refunded, message nak'd so another worker starts it at once).
+    /// Returns when every job of this worker is settled or released.
+    pub(crate) async fn drain(&self, grace: Duration) -> DrainReport {
+        self.draining.store(true, Ordering::SeqCst);
+        let before = self.settled_count();
+        let released_before = Stats::get(&self.stats.released);
+        self.fetch_cancel.cancel();
+        self.producers.close();
+        if tokio::time::timeout(grace, self.producers.wait())
+            .await
+            .is_err()
+        {
+            let n = self.stop_all(STOP_SHUTDOWN);
+            warn!(worker.id = %self.worker_id, jobs = n, "shutdown grace over: releasing running jobs");
+            if tokio::time::timeout(RELEASE_WAIT + Duration::from_secs(3), self.producers.wait())
+                .await
+                .is_err()
+            {
+                error!(worker.id = %self.worker_id, "jobs did not stop after release; leaving them for recovery");
+            }
+        }
+        let released = Stats::get(&self.stats.released) - released_before;
+        DrainReport {
+            finished: (self.settled_count() - before).saturating_sub(released),
+            released,
+        }
+    }
+
+    fn settled_count(&self) -> u64 {
+        let s = &self.stats;
+        Stats::get(&s.completed)
+            + Stats::get(&s.retried)
+            + Stats::get(&s.dead)
+            + Stats::get(&s.released)
+    }
 }
 
 /// A worker to be started: configuration plus the Rust handlers this program provides.
@@ -99,6 +194,7 @@ pub struct Worker {
 
 /// A started worker: its id, local API address and counters; it runs until cancelled.
 pub struct RunningWorker {
+    shared: Arc<Shared>,
     pub id: String,
     pub api_addr: SocketAddr,
     pub stats: Arc<Stats>,
@@ -177,8 +273,16 @@ impl Worker {
             .unwrap_or_else(local_hostname);
         let pid = std::process::id();
         let worker_id = format!("{hostname}-{pid}-{:08x}", rand::random::<u32>());
+        let boot = crate::liveness::boot_id();
+        let proc_start = crate::liveness::proc_start(pid as i32);
         store
-            .worker_register(&worker_id, &hostname, pid as i32)
+            .worker_register(
+                &worker_id,
+                &hostname,
+                pid as i32,
+                boot.as_deref(),
+                proc_start,
+            )
             .await?;
 
         let listener = tokio::net::TcpListener::bind(&config.worker.api_listen)
@@ -198,16 +302,25 @@ impl Worker {
             broker: broker.clone(),
             stats: stats.clone(),
             inflight: Mutex::new(HashMap::new()),
+            owned: Mutex::new(HashMap::new()),
             api_base: format!("http://{api_addr}"),
             config: config.clone(),
+            fetch_cancel: cancel.child_token(),
+            producers: TaskTracker::new(),
+            draining: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            hostname: hostname.clone(),
         });
+        // Before taking new work: recover what earlier incarnations of this host left.
+        rescuer::Rescuer::new(shared.clone())
+            .reconcile_startup()
+            .await;
         info!(worker.id = %worker_id, api = %api_addr, queues = ?config.queues.keys().collect::<Vec<_>>(), "worker started");
 
         let mut tasks = JoinSet::new();
         let (done_tx, done_rx) = tokio::sync::mpsc::channel(4096);
         // Producers stop at `fetch_cancel`; running jobs finish and settle before the
         // completer's channel closes (it ends when the last sender is dropped).
-        let fetch_cancel = cancel.child_token();
         for (name, consumer) in consumers {
             let p = producer::Producer::new(
                 shared.clone(),
@@ -216,7 +329,7 @@ impl Worker {
                 handlers[&name].clone(),
                 done_tx.clone(),
             );
-            tasks.spawn(p.run(fetch_cancel.clone()));
+            shared.producers.spawn(p.run(shared.fetch_cancel.clone()));
         }
         drop(done_tx);
         tasks.spawn(completer::Completer::new(shared.clone()).run(done_rx));
@@ -224,7 +337,8 @@ impl Worker {
         let mut background = JoinSet::new();
         background.spawn(scheduler::Scheduler::new(shared.clone()).run(background_cancel.clone()));
         background.spawn(janitor::Janitor::new(shared.clone()).run(background_cancel.clone()));
-        background.spawn(heartbeat(shared.clone(), background_cancel.clone()));
+        background.spawn(heartbeat::Heartbeat::new(shared.clone()).run(background_cancel.clone()));
+        background.spawn(rescuer::Rescuer::new(shared.clone()).run(background_cancel.clone()));
         background.spawn(api::serve(
             listener,
             shared.clone(),
@@ -232,6 +346,7 @@ impl Worker {
         ));
 
         Ok(RunningWorker {
+            shared,
             id: worker_id,
             api_addr,
             stats,
@@ -247,24 +362,37 @@ impl Worker {
 }
 
 impl RunningWorker {
-    /// Stops fetching, lets running jobs finish within `shutdown_grace`, marks the worker
-    /// stopped. Jobs still running after the grace are left `processing` for recovery.
-    pub async fn shutdown(mut self) {
+    /// Graceful shutdown: stops fetching, lets running jobs finish within `shutdown_grace`,
+    /// releases the rest (attempt refunded, message nak'd), marks the worker stopped.
+    pub async fn shutdown(mut self) -> DrainReport {
         self.cancel.cancel();
-        let drained = tokio::time::timeout(self.grace + Duration::from_secs(2), async {
+        let report = self.shared.drain(self.grace).await;
+        // The completer ends once the last job has settled (its channel closes).
+        if tokio::time::timeout(Duration::from_secs(10), async {
             while self.tasks.join_next().await.is_some() {}
         })
-        .await;
-        if drained.is_err() {
-            warn!(worker.id = %self.id, "shutdown grace over with jobs still running; aborting them");
+        .await
+        .is_err()
+        {
+            warn!(worker.id = %self.id, "completer did not finish; aborting");
             self.tasks.abort_all();
         }
         self.background_cancel.cancel();
         while self.background.join_next().await.is_some() {}
-        if let Err(e) = self.store.worker_stop(&self.id).await {
+        if let Err(e) = self.store.worker_stop(&self.id, "shutdown").await {
             warn!(cause = %e, "could not mark the worker stopped");
         }
-        info!(worker.id = %self.id, "worker stopped");
+        info!(worker.id = %self.id, finished = report.finished, released = report.released, "worker stopped");
+        report
+    }
+
+    /// Stops without any clean-up, like a crash (tests of recovery): nothing is settled,
+    /// released or marked stopped.
+    pub fn abort(mut self) {
+        self.shared.stop_all(STOP_LOST);
+        self.shared.fetch_cancel.cancel();
+        self.tasks.abort_all();
+        self.background.abort_all();
     }
 
     /// Runs until `signal` resolves, then shuts down.
@@ -308,25 +436,6 @@ where
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(30));
-    }
-}
-
-/// Refreshes this worker's `workers` row every `heartbeat_every`.
-async fn heartbeat(shared: Arc<Shared>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(shared.config.worker.heartbeat_every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        match shared.store.worker_beat(&shared.worker_id).await {
-            Ok(true) => {}
-            Ok(false) => {
-                warn!(worker.id = %shared.worker_id, "workers row says this worker stopped")
-            }
-            Err(e) => warn!(cause = %e, "heartbeat failed"),
-        }
     }
 }
 

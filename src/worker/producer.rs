@@ -98,8 +98,14 @@ impl Producer {
         let mut pull_backoff = Duration::ZERO;
 
         loop {
+            // A worker fenced off from PostgreSQL takes no new work until it is back.
+            let fenced = self.shared.fenced.load(std::sync::atomic::Ordering::SeqCst);
             let free = self.slots.available_permits().saturating_sub(reserved);
-            if free > 0 && (free >= refill_at || pulls.is_empty()) && pull_backoff.is_zero() {
+            if !fenced
+                && free > 0
+                && (free >= refill_at || pulls.is_empty())
+                && pull_backoff.is_zero()
+            {
                 let n = free.min(batch_cap);
                 match self
                     .consumer
@@ -138,6 +144,7 @@ impl Producer {
                     pull_backoff = Duration::ZERO;
                 }
                 _ = self.freed.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
                 Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
                 Some(ev) = pulls.next(), if !pulls.is_empty() => {
                     // Take this event and every other one already waiting: they are claimed
@@ -266,6 +273,11 @@ impl Producer {
                         .await
                         .expect("the slot semaphore is never closed");
                     Stats::add(&self.shared.stats.claimed, 1);
+                    self.shared
+                        .owned
+                        .lock()
+                        .expect("owned lock")
+                        .insert(input.job.id.clone(), lease);
                     let traceparent = d
                         .body
                         .headers

@@ -1,16 +1,20 @@
 -- Settles a batch of finished attempts in one statement, fenced by owner and lease: a row
--- whose lease moved on (reclaimed by someone else) is not touched and not returned.
--- Each settled attempt also leaves a row in job_attempts.
+-- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt
+-- leaves a row in job_attempts; so does each late result that was rejected.
+-- Returns the ids that are settled by this worker, including ones an earlier try of this
+-- same statement already settled (its commit answer was lost).
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
--- $7 results; $8 attempt outcomes.
+-- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release).
 WITH input AS (
     SELECT *
-    FROM unnest($2::text[], $3::int8[], $4::text[], $5::int8[], $6::text[], $7::jsonb[], $8::text[])
-         AS t(id, lease, status, delay_ms, error, result, outcome)
+    FROM unnest($2::text[], $3::int8[], $4::text[], $5::int8[], $6::text[], $7::jsonb[],
+                $8::text[], $9::int4[])
+         AS t(id, lease, status, delay_ms, error, result, outcome, refund)
 ),
 done AS (
     UPDATE jobs j
     SET status = i.status,
+        attempts = j.attempts - i.refund,
         completed_at = CASE WHEN i.status IN ('completed', 'dead') THEN now() END,
         scheduled_at = CASE WHEN i.status = 'scheduled'
                             THEN now() + i.delay_ms * interval '1 millisecond'
@@ -20,11 +24,20 @@ done AS (
         updated_at = now()
     FROM input i
     WHERE j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease AND j.status = 'processing'
-    RETURNING j.id, j.lease, j.attempts, j.started_at, i.outcome, i.error
+    RETURNING j.id, j.lease, j.attempts + i.refund AS attempt, j.started_at, i.outcome, i.error
 ),
 history AS (
     INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
-    SELECT id, lease, attempts, $1, started_at, outcome, error FROM done
-    ON CONFLICT DO NOTHING
+    SELECT id, lease, attempt, $1, started_at, outcome, error FROM done
+),
+late AS (
+    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, outcome, error)
+    SELECT i.id, i.lease, 0, $1, 'lost_ownership',
+           'late result (' || i.outcome || ') rejected: the job was taken from this worker'
+    FROM input i JOIN jobs j ON j.id = i.id
+    WHERE j.worker_id IS DISTINCT FROM $1 OR j.lease <> i.lease
 )
 SELECT id FROM done
+UNION ALL
+SELECT i.id FROM input i JOIN jobs j ON j.id = i.id
+WHERE j.worker_id = $1 AND j.lease = i.lease AND j.status = i.status AND j.status <> 'processing'

@@ -1,3 +1,4 @@
--- $1 id; $2 hostname; $3 pid; $4 version.
-INSERT INTO workers (id, hostname, pid, version) VALUES ($1, $2, $3, $4)
-ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL
+-- $1 id; $2 hostname; $3 pid; $4 version; $5 boot id; $6 process start (clock ticks).
+INSERT INTO workers (id, hostname, pid, version, boot_id, proc_start)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL, stop_reason = NULL

@@ -1,2 +1,2 @@
--- $1 id.
-UPDATE workers SET stopped_at = now() WHERE id = $1
+-- $1 id; $2 reason.
+UPDATE workers SET stopped_at = now(), stop_reason = $2 WHERE id = $1

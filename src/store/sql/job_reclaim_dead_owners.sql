@@ -1,0 +1,36 @@
+-- The heartbeat reaper: declares workers whose heartbeat lapsed dead, and takes back every
+-- job still `processing` under a stopped or dead owner. A reclaimed job becomes `scheduled`
+-- now (the scheduler republishes it at once), or `dead` when that attempt was its last: a
+-- crash costs an attempt. The owner is cleared, so its late writes fail the fence.
+-- $1 dead after (ms); $2 limit.
+WITH dead AS (
+    UPDATE workers SET stopped_at = now(), stop_reason = 'owner_dead'
+    WHERE stopped_at IS NULL AND heartbeat_at < now() - $1 * interval '1 millisecond'
+    RETURNING id
+),
+victims AS (
+    SELECT j.id, j.worker_id AS owner
+    FROM jobs j JOIN workers w ON w.id = j.worker_id
+    WHERE j.status = 'processing'
+      AND (w.stopped_at IS NOT NULL OR w.heartbeat_at < now() - $1 * interval '1 millisecond')
+    LIMIT $2
+    FOR UPDATE OF j SKIP LOCKED
+),
+r AS (
+    UPDATE jobs j
+    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
+        scheduled_at = now(),
+        completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+        last_error = format('worker %s stopped heartbeating during attempt %s of %s (owner_dead)',
+                            v.owner, j.attempts, j.max_attempts),
+        worker_id = NULL,
+        updated_at = now()
+    FROM victims v
+    WHERE j.id = v.id
+    RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner
+),
+history AS (
+    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
+    SELECT id, lease, attempts, owner, started_at, 'owner_dead', last_error FROM r
+)
+SELECT id, status, owner FROM r

@@ -1,0 +1,31 @@
+-- The stale sweep: takes back `processing` jobs whose last activity (claim or progress
+-- report) is older than their queue's stale_after — a hung handler in a live process.
+-- $1 default stale_after (ms); $2 queues; $3 their stale_after (ms); $4 the smallest
+-- stale_after (ms, lets the index do the work); $5 limit.
+WITH victims AS (
+    SELECT j.id, j.worker_id AS owner
+    FROM jobs j LEFT JOIN unnest($2::text[], $3::int8[]) AS q(queue, stale_ms) ON q.queue = j.queue
+    WHERE j.status = 'processing'
+      AND j.last_activity_at < now() - $4 * interval '1 millisecond'
+      AND j.last_activity_at < now() - COALESCE(q.stale_ms, $1) * interval '1 millisecond'
+    LIMIT $5
+    FOR UPDATE OF j SKIP LOCKED
+),
+r AS (
+    UPDATE jobs j
+    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
+        scheduled_at = now(),
+        completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+        last_error = format('no progress from worker %s since %s during attempt %s of %s (stale)',
+                            v.owner, j.last_activity_at, j.attempts, j.max_attempts),
+        worker_id = NULL,
+        updated_at = now()
+    FROM victims v
+    WHERE j.id = v.id
+    RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner
+),
+history AS (
+    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
+    SELECT id, lease, attempts, owner, started_at, 'stale', last_error FROM r
+)
+SELECT id, status, owner FROM r
