@@ -319,12 +319,19 @@ pub fn decode(
     let max_attempts = opt_i64(&obj, "max_attempts", 1, 1000)?.map(|v| v as i32);
     let timeout = opt_i64(&obj, "timeout_ms", 1, 7 * 24 * 3600 * 1000)?
         .map(|v| Duration::from_millis(v as u64));
-    let run_at_ms = opt_i64(&obj, "run_at_ms", 0, i64::MAX)?;
+    // Up to the end of year 9999, the last instant PostgreSQL's timestamptz can store.
+    let run_at_ms = opt_i64(&obj, "run_at_ms", 0, 253_402_300_799_999)?;
     let idempotency_key = match opt_str(&obj, "idempotency_key")? {
-        Some(k) if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN => {
+        Some(k)
+            if k.is_empty()
+                || k.len() > MAX_IDEMPOTENCY_KEY_LEN
+                || k.chars().any(char::is_control) =>
+        {
             return Err(InvalidMessage::BadValue {
                 field: "idempotency_key",
-                reason: format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes"),
+                reason: format!(
+                    "must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes without control characters"
+                ),
             })
         }
         k => k.map(str::to_string),
@@ -446,6 +453,20 @@ mod tests {
         ));
         let e = decode(br#"{"a":"nul\u0000here"}"#, &origin(), 1024).unwrap_err();
         assert!(e.to_string().contains("NUL"), "{e}");
+        let e = decode(
+            br#"{"payload":{},"run_at_ms":1700000000000000000}"#,
+            &origin(),
+            1024,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`run_at_ms` is invalid"), "{e}");
+        let e = decode(
+            br#"{"payload":{},"idempotency_key":"a\u0000b"}"#,
+            &origin(),
+            1024,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("control characters"), "{e}");
     }
 
     #[test]

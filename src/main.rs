@@ -311,11 +311,13 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
             }
             for a in attempts {
                 println!(
-                    "  #{} {} {} {}ms {} {}",
+                    "  #{} {} {} {} {} {}",
                     a.attempt,
-                    a.started_at,
-                    a.worker_id,
-                    a.duration_ms,
+                    a.started_at.as_deref().unwrap_or("-"),
+                    a.worker_id.as_deref().unwrap_or("-"),
+                    a.duration_ms
+                        .map(|d| format!("{d}ms"))
+                        .unwrap_or_else(|| "-".into()),
                     a.outcome,
                     a.error.as_deref().unwrap_or("")
                 );

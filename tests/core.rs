@@ -435,3 +435,45 @@ async fn claim_and_settle_queries_use_their_indexes() {
     let by_id = plan("SELECT id FROM jobs WHERE id = ANY('{j1,j2}')").await;
     assert!(by_id.contains("jobs_pkey"), "{by_id}");
 }
+
+#[tokio::test]
+async fn an_id_that_belongs_to_another_queue_is_rejected_not_run() {
+    let env = TestEnv::new(
+        "[queues.email]\nhandler = { kind = \"rust\", name = \"h\" }\n\
+         [queues.pdf]\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let (h, runs) = counting();
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw("email", r#"{"id":"shared","payload":{"kind":"email"}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.status_of("shared").await.as_deref() == Some("completed")
+        })
+        .await
+    );
+    env.publish_raw("pdf", r#"{"id":"shared","payload":{"kind":"pdf"}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("dead").await == 1
+        })
+        .await
+    );
+    let c = env.store.raw().await.unwrap();
+    let row = c
+        .query_one(
+            "SELECT queue, last_error FROM jobs WHERE status = 'dead'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "pdf");
+    assert!(row
+        .get::<_, String>(1)
+        .contains("belongs to a job of queue email"));
+    assert_eq!(runs.lock().unwrap().get("shared"), Some(&1));
+    env.wait_consumer_drained("pdf").await;
+    worker.shutdown().await;
+}

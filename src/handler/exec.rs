@@ -69,6 +69,7 @@ impl ExecHandler {
             .env("JOB_ID", &job.id)
             .env("JOB_QUEUE", &job.queue)
             .env("JOB_ATTEMPT", job.attempt.to_string())
+            .env("JOB_WORKER", &job.worker_id)
             .env("JOB_MAX_ATTEMPTS", job.max_attempts.to_string())
             .env("JOBWARDEN_API", &job.api_base)
             .process_group(0) // its own group, id = its pid

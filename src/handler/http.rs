@@ -67,6 +67,7 @@ impl HttpHandler {
             .header("Idempotency-Key", job.idempotency_key())
             .header("X-Jobwarden-Job-Id", &job.id)
             .header("X-Jobwarden-Attempt", job.attempt.to_string())
+            .header("X-Jobwarden-Worker", &job.worker_id)
             .header(
                 "X-Jobwarden-Deadline-Ms",
                 job.timeout.as_millis().to_string(),

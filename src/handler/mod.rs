@@ -34,6 +34,8 @@ pub struct JobContext {
     pub traceparent: Option<String>,
     /// Base URL of the sidecar's local API (`http://127.0.0.1:7433`).
     pub api_base: String,
+    /// The worker running this attempt (`<hostname>-<pid>-<hex>`).
+    pub worker_id: String,
     /// Cancelled when the worker must stop this attempt (ownership lost, shutdown, cancel).
     pub cancel: CancellationToken,
     pub(crate) progress: Arc<dyn ProgressSink>,
@@ -70,6 +72,7 @@ impl JobContext {
             timeout: Duration::from_secs(30),
             traceparent: None,
             api_base: "http://127.0.0.1:0".into(),
+            worker_id: "detached".into(),
             cancel: CancellationToken::new(),
             progress: Arc::new(Nowhere),
         }

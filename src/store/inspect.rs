@@ -35,9 +35,10 @@ pub struct JobRow {
 pub struct AttemptRow {
     pub attempt: i32,
     pub lease: i64,
-    pub worker_id: String,
-    pub started_at: String,
-    pub duration_ms: i64,
+    /// None for events that were not attempts (`broker_lost`).
+    pub worker_id: Option<String>,
+    pub started_at: Option<String>,
+    pub duration_ms: Option<i64>,
     pub outcome: String,
     pub error: Option<String>,
 }

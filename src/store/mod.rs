@@ -39,6 +39,21 @@ pub enum StoreError {
     LostOwnership { job_id: String, lease: i64 },
 }
 
+impl StoreError {
+    /// PostgreSQL's reason when it rejected the data of a statement (a value out of range,
+    /// an invalid byte sequence) rather than failing to run it; `None` for connection and
+    /// server failures, which are worth retrying.
+    pub fn rejected_data(&self) -> Option<String> {
+        let StoreError::Db(e) = self else { return None };
+        let db = e.as_db_error()?;
+        // Class 22: data exception (22008 out of range, 22021 invalid byte sequence, 22P02…).
+        db.code()
+            .code()
+            .starts_with("22")
+            .then(|| db.message().to_string())
+    }
+}
+
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         StoreError::Pool(e.to_string())
@@ -70,6 +85,8 @@ pub enum Claim {
     NotClaimable(JobStatus),
     /// No row came back: another transaction inserted this id or idempotency key concurrently.
     Duplicate,
+    /// The id belongs to a job of another queue.
+    WrongQueue(String),
 }
 
 /// A finished attempt to record.
@@ -339,7 +356,14 @@ impl Store {
             let lease: i64 = r.get(4);
             let claimed = status == JobStatus::Processing
                 && (fresh || r.get::<_, Option<Value>>(6).is_some());
-            let claim = if claimed {
+            let queue: String = r.get(8);
+            let input_queue = batch
+                .iter()
+                .find(|c| c.job.id == id)
+                .map(|c| c.job.queue.as_str());
+            let claim = if input_queue.is_some_and(|q| q != queue) {
+                Claim::WrongQueue(queue)
+            } else if claimed {
                 Claim::Claimed {
                     lease,
                     attempt: r.get(2),

@@ -7,7 +7,7 @@
 //! fence rejects the write the job was taken from us: the attempt is cancelled, nothing is
 //! settled or acked, and the loss is counted (invariant 1).
 
-use super::{completer::Finished, InFlight, Shared, Stats, RELEASE_WAIT, STOP_SHUTDOWN};
+use super::{completer::Finished, InFlight, Shared, Stats, RELEASE_WAIT, STOP_LOST, STOP_SHUTDOWN};
 use crate::backoff::Outcome;
 use crate::handler::{Handler, JobContext, LostOwnership, Progress, ProgressSink};
 use crate::store::StoreError;
@@ -65,6 +65,7 @@ pub(crate) async fn execute(
         timeout: job.timeout,
         traceparent: job.traceparent,
         api_base: shared.api_base.clone(),
+        worker_id: shared.worker_id.clone(),
         cancel: cancel.clone(),
         progress: Arc::new(WorkerProgress(shared.clone())),
     };
@@ -118,11 +119,21 @@ pub(crate) async fn execute(
             }
         }
     };
-    shared
-        .inflight
-        .lock()
-        .expect("inflight lock")
-        .remove(&job.id);
+    {
+        // Only our own entry: a newer attempt of the same job may have replaced it.
+        let mut map = shared.inflight.lock().expect("inflight lock");
+        if map.get(&job.id).is_some_and(|f| f.lease == job.lease) {
+            map.remove(&job.id);
+        }
+    }
+    // A handler that noticed the cancel may have returned an error before the executor saw
+    // the cancel itself: what counts is why the attempt was stopped.
+    let outcome = match (stop.load(Ordering::SeqCst), outcome) {
+        (_, Some(Outcome::Success(r))) => Some(Outcome::Success(r)),
+        (STOP_SHUTDOWN, _) => Some(Outcome::Released),
+        (STOP_LOST, _) => None,
+        (_, other) => other,
+    };
     match outcome {
         Some(outcome) => {
             let finished = Finished {
@@ -139,7 +150,11 @@ pub(crate) async fn execute(
             let _ = done.send(finished).await;
         }
         None => {
-            shared.owned.lock().expect("owned lock").remove(&job.id);
+            let mut owned = shared.owned.lock().expect("owned lock");
+            if owned.get(&job.id) == Some(&job.lease) {
+                owned.remove(&job.id);
+            }
+            drop(owned);
             warn!(job.id = %job.id, job.lease = job.lease, worker.id = %shared.worker_id,
                   "attempt stopped: ownership lost; not settling and not acking");
         }

@@ -170,6 +170,18 @@ impl Shared {
                 error!(worker.id = %self.worker_id, "jobs did not stop after release; leaving them for recovery");
             }
         }
+        // Released and finished jobs settle in the completer: wait for the last of them.
+        let settled = async {
+            while !self.owned.lock().expect("owned lock").is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), settled)
+            .await
+            .is_err()
+        {
+            warn!(worker.id = %self.worker_id, "some jobs were not settled after the drain");
+        }
         let released = Stats::get(&self.stats.released) - released_before;
         DrainReport {
             finished: (self.settled_count() - before).saturating_sub(released),

@@ -30,10 +30,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-/// How long one pull request waits at the server for messages.
-const PULL_EXPIRES: Duration = Duration::from_secs(10);
-/// Idle heartbeat the server sends on a waiting pull (lets the client notice a dead server).
-const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long one pull request waits at the server for messages. Short on purpose: a worker
+/// that is paused (SIGSTOP) but still connected keeps receiving messages for its open pull
+/// requests until they expire; those messages wait out ack_wait, and their jobs are
+/// republished by broker-loss reconciliation.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 enum PullEvent {
     Msg(u64, Box<async_nats::jetstream::Message>),
@@ -112,7 +113,8 @@ impl Producer {
                     .batch()
                     .max_messages(n)
                     .expires(PULL_EXPIRES)
-                    .heartbeat(PULL_HEARTBEAT)
+                    // No idle heartbeat: async-nats 0.51's batch stream stops waking up after
+                    // the first one, leaving later messages unread until ack_wait.
                     .messages()
                     .await
                 {
@@ -226,36 +228,50 @@ impl Producer {
                 }
             }
         }
-        if !invalid.is_empty() {
-            record_invalid(&self.shared, &self.queue, invalid, false).await;
-        }
         if valid.is_empty() {
+            if !invalid.is_empty() {
+                record_invalid(&self.shared, &self.queue, invalid, false).await;
+            }
             self.drop_messages(duplicates).await;
             return;
         }
         let inputs: Vec<ClaimInput> = valid.iter().map(|(c, _)| c.clone()).collect();
-        let claims = match self
-            .shared
-            .store
-            .job_claim(&self.shared.worker_id, &inputs)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                // Not claimed, not acked: hand the messages back for a later try.
-                warn!(queue = %self.queue, cause = %e, n = valid.len(), "claim failed; messages returned to the stream");
-                let msgs = valid.into_iter().map(|(_, d)| d).chain(duplicates);
-                for d in msgs {
-                    let _ = d
-                        .body
-                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                        .await;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                return;
+        let Some(claims) = self.claim(&inputs).await else {
+            // Not claimed, not acked: hand the messages back for a later try.
+            let msgs = valid
+                .into_iter()
+                .map(|(_, d)| d)
+                .chain(duplicates)
+                .chain(invalid.into_iter().map(|(d, _, _)| d));
+            for d in msgs {
+                let _ = d
+                    .body
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
             }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return;
         };
-        for ((input, d), (_, claim)) in valid.into_iter().zip(claims) {
+        let mut pairs = Vec::with_capacity(valid.len());
+        for ((input, d), claim) in valid.into_iter().zip(claims) {
+            let reason = match claim {
+                Ok(Claim::WrongQueue(other)) => format!(
+                    "id {:?} belongs to a job of queue {other}; give this job another id",
+                    input.job.id
+                ),
+                Ok(c) => {
+                    pairs.push((input, d, c));
+                    continue;
+                }
+                Err(reason) => reason,
+            };
+            let id = format!("{stream}-{}", d.seq);
+            invalid.push((d, id, reason));
+        }
+        if !invalid.is_empty() {
+            record_invalid(&self.shared, &self.queue, invalid, false).await;
+        }
+        for (input, d, claim) in pairs {
             match claim {
                 Claim::Claimed {
                     lease,
@@ -278,6 +294,21 @@ impl Producer {
                         .lock()
                         .expect("owned lock")
                         .insert(input.job.id.clone(), lease);
+                    // An older attempt of this job still running here was taken away (it
+                    // was reclaimed, and we just claimed it again): stop it.
+                    if let Some(old) = self
+                        .shared
+                        .inflight
+                        .lock()
+                        .expect("inflight lock")
+                        .get(&input.job.id)
+                    {
+                        if old.lease != lease {
+                            old.stop
+                                .store(super::STOP_LOST, std::sync::atomic::Ordering::SeqCst);
+                            old.cancel.cancel();
+                        }
+                    }
                     let traceparent = d
                         .body
                         .headers
@@ -311,10 +342,39 @@ impl Producer {
                     debug!(job.id = %input.job.id, %status, "message for a job that is not claimable; acked and dropped");
                     duplicates.push(d);
                 }
-                Claim::Duplicate => duplicates.push(d),
+                Claim::Duplicate | Claim::WrongQueue(_) => duplicates.push(d),
             }
         }
         self.drop_messages(duplicates).await;
+    }
+
+    /// Claims a group. When one message's data makes PostgreSQL reject the whole statement
+    /// (a value it cannot store), claims them one by one so only that message is rejected,
+    /// with PostgreSQL's reason. `None` when the database is unavailable.
+    async fn claim(&self, inputs: &[ClaimInput]) -> Option<Vec<Result<Claim, String>>> {
+        let store = &self.shared.store;
+        let me = &self.shared.worker_id;
+        match store.job_claim(me, inputs).await {
+            Ok(c) => return Some(c.into_iter().map(|(_, c)| Ok(c)).collect()),
+            Err(e) if e.rejected_data().is_none() => {
+                warn!(queue = %self.queue, cause = %e, n = inputs.len(), "claim failed; messages returned to the stream");
+                return None;
+            }
+            Err(_) => {}
+        }
+        let mut out = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            match store.job_claim(me, std::slice::from_ref(input)).await {
+                Ok(mut c) => out.push(Ok(c.remove(0).1)),
+                Err(e) => match e.rejected_data() {
+                    Some(reason) => {
+                        out.push(Err(format!("PostgreSQL cannot store this job: {reason}")))
+                    }
+                    None => return None,
+                },
+            }
+        }
+        Some(out)
     }
 
     /// Acks messages whose jobs need nothing from us (Postgres already holds their state).

@@ -40,6 +40,11 @@ impl TestEnv {
     /// Starts a nats-server, migrates a fresh schema and parses `queues_toml` (queue sections
     /// and anything else) on top of test-friendly defaults.
     pub async fn new(extra_toml: &str) -> TestEnv {
+        TestEnv::with_database(&test_database_url(), extra_toml).await
+    }
+
+    /// Like [`TestEnv::new`] against another PostgreSQL (a throwaway cluster).
+    pub async fn with_database(database_url: &str, extra_toml: &str) -> TestEnv {
         init_logs();
         let nats = NatsServer::start().expect("start nats-server");
         let schema = unique_name("t");
@@ -48,7 +53,7 @@ impl TestEnv {
              [nats]\nurl = \"{}\"\n\
              [worker]\napi_listen = \"127.0.0.1:0\"\nhostname = \"test\"\nscheduler_every = \"50ms\"\n\
              {extra_toml}",
-            test_database_url(),
+            database_url,
             nats.url()
         );
         let config = Config::from_toml(&text).expect("test config");
@@ -167,4 +172,188 @@ where
 
 pub fn stat(c: &std::sync::atomic::AtomicU64) -> u64 {
     Stats::get(c)
+}
+
+/// A `jobwarden run` child process with a fixed hostname, like a StatefulSet pod.
+pub struct ChildWorker {
+    pub child: std::process::Child,
+    pub hostname: String,
+    _config: std::path::PathBuf,
+}
+
+impl ChildWorker {
+    /// Starts `jobwarden run` with `config` (written to a temp file) as `hostname`.
+    pub fn spawn(config: &Config, hostname: &str) -> ChildWorker {
+        let path = std::env::temp_dir().join(format!(
+            "jobwarden-{}-{hostname}-{:08x}.toml",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::write(&path, config.to_redacted_toml()).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"))
+            .args(["--config", path.to_str().unwrap(), "run"])
+            .env("JOBWARDEN_WORKER__HOSTNAME", hostname)
+            .env(
+                "RUST_LOG",
+                std::env::var("CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn jobwarden run");
+        ChildWorker {
+            child,
+            hostname: hostname.into(),
+            _config: path,
+        }
+    }
+
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(self.pid(), sig);
+    }
+
+    pub fn kill9(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit, up to `limit`; returns its exit code.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s.code().unwrap_or(-1));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self._config);
+    }
+}
+
+/// One start of a job seen by [`RecordingApp`].
+#[derive(Debug, Clone)]
+pub struct Start {
+    pub id: String,
+    pub attempt: u64,
+    pub worker: String,
+    pub at: Instant,
+}
+
+/// A local application for the http handler that records every start and every answer.
+/// Payload `{"ms": N}` answers after N ms; `{"hold": true}` answers only after
+/// [`RecordingApp::release`] (or never, for a job whose worker dies first).
+pub struct RecordingApp {
+    pub url: String,
+    pub starts: Arc<std::sync::Mutex<Vec<Start>>>,
+    /// (id, attempt, worker) of every 200 answered.
+    pub answered: Arc<std::sync::Mutex<Vec<(String, u64, String)>>>,
+    release: Arc<tokio::sync::Notify>,
+    released: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RecordingApp {
+    pub async fn start() -> RecordingApp {
+        use std::sync::atomic::AtomicBool;
+        let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let released = Arc::new(AtomicBool::new(false));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (s, a, r, rd) = (
+            starts.clone(),
+            answered.clone(),
+            release.clone(),
+            released.clone(),
+        );
+        let app = axum::Router::new().route(
+            "/jobs",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let (s, a, r, rd) = (s.clone(), a.clone(), r.clone(), rd.clone());
+                    async move {
+                        let job: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        let id = job["id"].as_str().unwrap().to_string();
+                        let attempt = job["attempt"].as_u64().unwrap();
+                        let worker = headers
+                            .get("x-jobwarden-worker")
+                            .map(|v| v.to_str().unwrap().to_string())
+                            .unwrap_or_default();
+                        s.lock().unwrap().push(Start {
+                            id: id.clone(),
+                            attempt,
+                            worker: worker.clone(),
+                            at: Instant::now(),
+                        });
+                        if job["payload"]["hold"] == serde_json::json!(true) {
+                            while !rd.load(std::sync::atomic::Ordering::SeqCst) {
+                                let notified = r.notified();
+                                if rd.load(std::sync::atomic::Ordering::SeqCst) {
+                                    break;
+                                }
+                                notified.await;
+                            }
+                        }
+                        if let Some(ms) = job["payload"]["ms"].as_u64() {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        a.lock().unwrap().push((id, attempt, worker));
+                        axum::http::StatusCode::OK
+                    }
+                },
+            ),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        RecordingApp {
+            url: format!("http://{addr}/jobs"),
+            starts,
+            answered,
+            release,
+            released,
+        }
+    }
+
+    /// Lets every held request (now and later) answer.
+    pub fn release(&self) {
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.release.notify_waiters();
+    }
+
+    pub fn starts_of(&self, id: &str) -> Vec<Start> {
+        self.starts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.id == id)
+            .cloned()
+            .collect()
+    }
+
+    pub fn start_count(&self) -> usize {
+        self.starts.lock().unwrap().len()
+    }
+}
+
+/// Outcomes recorded in job_attempts for `id`, in order.
+pub async fn outcomes(store: &Store, id: &str) -> Vec<String> {
+    store
+        .job_attempts(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.outcome)
+        .collect()
 }

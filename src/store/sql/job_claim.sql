@@ -1,7 +1,8 @@
 -- Claims a batch of delivered messages in one statement.
 -- A message whose job has no row yet creates it already claimed (or `scheduled` when its
 -- run_at is in the future); a row that is queued, or scheduled and due, is claimed by bumping
--- its lease. Every other row is reported with its status so the caller can ack and drop.
+-- its lease. Every other row is reported with its status (and queue: an id that belongs to
+-- another queue's job is not this message's job) so the caller can ack and drop.
 -- $1 worker id; $2.. one array per column of the batch.
 WITH input AS (
     SELECT *
@@ -21,7 +22,7 @@ inserted AS (
            GREATEST(now(), COALESCE(to_timestamp(i.run_at_ms / 1000.0), now()))
     FROM input i
     ON CONFLICT DO NOTHING
-    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms
+    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue
 ),
 claimed AS (
     UPDATE jobs j
@@ -29,15 +30,17 @@ claimed AS (
         started_at = now(), last_activity_at = now(), stage = NULL, progress = NULL,
         message = NULL, updated_at = now()
     FROM input i
-    WHERE j.id = i.id
+    WHERE j.id = i.id AND j.queue = i.queue
       AND (j.status = 'queued' OR (j.status = 'scheduled' AND j.scheduled_at <= now()))
-    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload
+    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue
 )
-SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb AS payload, true AS fresh
+SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb AS payload, true AS fresh,
+       queue
 FROM inserted
 UNION ALL
-SELECT id, status, attempts, max_attempts, lease, timeout_ms, payload, false FROM claimed
+SELECT id, status, attempts, max_attempts, lease, timeout_ms, payload, false, queue FROM claimed
 UNION ALL
-SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false
+SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false,
+       j.queue
 FROM jobs j JOIN input i ON i.id = j.id
 WHERE j.id NOT IN (SELECT id FROM claimed)

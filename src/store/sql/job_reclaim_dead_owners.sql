@@ -5,14 +5,14 @@
 -- $1 dead after (ms); $2 limit.
 WITH dead AS (
     UPDATE workers SET stopped_at = now(), stop_reason = 'owner_dead'
-    WHERE stopped_at IS NULL AND heartbeat_at < now() - $1 * interval '1 millisecond'
+    WHERE stopped_at IS NULL AND heartbeat_at < now() - $1::int8 * interval '1 millisecond'
     RETURNING id
 ),
 victims AS (
     SELECT j.id, j.worker_id AS owner
     FROM jobs j JOIN workers w ON w.id = j.worker_id
     WHERE j.status = 'processing'
-      AND (w.stopped_at IS NOT NULL OR w.heartbeat_at < now() - $1 * interval '1 millisecond')
+      AND (w.stopped_at IS NOT NULL OR w.heartbeat_at < now() - $1::int8 * interval '1 millisecond')
     LIMIT $2
     FOR UPDATE OF j SKIP LOCKED
 ),

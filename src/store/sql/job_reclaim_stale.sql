@@ -6,8 +6,8 @@ WITH victims AS (
     SELECT j.id, j.worker_id AS owner
     FROM jobs j LEFT JOIN unnest($2::text[], $3::int8[]) AS q(queue, stale_ms) ON q.queue = j.queue
     WHERE j.status = 'processing'
-      AND j.last_activity_at < now() - $4 * interval '1 millisecond'
-      AND j.last_activity_at < now() - COALESCE(q.stale_ms, $1) * interval '1 millisecond'
+      AND j.last_activity_at < now() - $4::int8 * interval '1 millisecond'
+      AND j.last_activity_at < now() - COALESCE(q.stale_ms, $1::int8) * interval '1 millisecond'
     LIMIT $5
     FOR UPDATE OF j SKIP LOCKED
 ),

@@ -5,7 +5,7 @@
 -- $1 queue; $2 deadline (ms); $3 limit.
 WITH lost AS (
     SELECT id FROM jobs
-    WHERE status = 'queued' AND queue = $1 AND updated_at < now() - $2 * interval '1 millisecond'
+    WHERE status = 'queued' AND queue = $1 AND updated_at < now() - $2::int8 * interval '1 millisecond'
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ),

@@ -1,0 +1,607 @@
+//! Ownership and recovery against real servers and real worker processes: kill -9,
+//! SIGSTOP, SIGTERM, hung handlers, a purged stream, server restarts, a poison job.
+//! Recovery times are printed (the benchmark owns performance); the assertions are about
+//! what happened: who ran what, how often, and why it was taken back.
+
+mod common;
+
+use common::{outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
+use jobwarden::client::{Client, EnqueueOptions};
+use jobwarden::handler::{from_fn, JobError, Progress};
+use nix::sys::signal::Signal;
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A queue handled over HTTP by `url`, plus worker settings.
+fn http_queue(url: &str, worker: &str) -> String {
+    format!(
+        "{worker}\n[queues.work]\nconcurrency = 10\nmax_attempts = 3\n\
+         handler = {{ kind = \"http\", url = \"{url}\" }}\n"
+    )
+}
+
+/// Fast liveness settings so tests do not wait for the 15 s default.
+const FAST: &str = "heartbeat_every = \"300ms\"\ndead_after = \"2s\"\nreap_every = \"200ms\"\n\
+                    sweep_every = \"500ms\"\nbroker_lost_after = \"2s\"\n";
+
+fn with_worker(extra: &str) -> String {
+    // TestEnv already opens [worker]; these keys are appended to it.
+    extra.to_string()
+}
+
+async fn publish_held(env: &TestEnv, prefix: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = format!("{prefix}-{i}");
+        env.publish_raw(
+            "work",
+            format!(r#"{{"id":"{id}","payload":{{"hold":true}}}}"#),
+        )
+        .await;
+        ids.push(id);
+    }
+    ids
+}
+
+#[tokio::test]
+async fn a_worker_killed_and_restarted_under_the_same_hostname_gets_its_jobs_back_at_once() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(&app.url, "")).await;
+    let mut pod = ChildWorker::spawn(&env.config, "pod-0");
+    let ids = publish_held(&env, "restart", 5).await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 5 }).await);
+    pod.kill9();
+    let restarted = Instant::now();
+    let _pod_again = ChildWorker::spawn(&env.config, "pod-0");
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            ids.iter()
+                .all(|id| app.starts_of(id).iter().any(|s| s.attempt == 2))
+        })
+        .await,
+        "jobs did not run again after the restart"
+    );
+    let took = ids
+        .iter()
+        .map(|id| {
+            app.starts_of(id)
+                .iter()
+                .find(|s| s.attempt == 2)
+                .unwrap()
+                .at
+                - restarted
+        })
+        .max()
+        .unwrap();
+    println!("restart with the same hostname: all 5 jobs running again {took:?} after the new process started");
+    app.release();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 5
+        })
+        .await
+    );
+    for id in &ids {
+        // Taken back by start-up reconciliation (dead_after is the 15 s default here, so
+        // the reaper cannot have done it), and the crash cost an attempt.
+        assert_eq!(
+            outcomes(&env.store, id).await,
+            vec!["restarted", "completed"],
+            "{id}"
+        );
+        assert_eq!(env.store.job_get(id).await.unwrap().unwrap().attempts, 2);
+    }
+}
+
+#[tokio::test]
+async fn live_workers_on_one_host_never_take_each_others_jobs() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(&app.url, "")).await;
+    let _a = ChildWorker::spawn(&env.config, "laptop");
+    let ids = publish_held(&env, "mine", 3).await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
+    // A second and third worker start on the same hostname while the first is busy.
+    let _b = ChildWorker::spawn(&env.config, "laptop");
+    let _c = ChildWorker::spawn(&env.config, "laptop");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(app.start_count(), 3, "a live worker's jobs were taken");
+    app.release();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 3
+        })
+        .await
+    );
+    for id in &ids {
+        assert_eq!(outcomes(&env.store, id).await, vec!["completed"]);
+    }
+}
+
+#[tokio::test]
+async fn a_worker_killed_for_good_has_its_jobs_run_elsewhere_with_default_settings() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(&app.url, "")).await;
+    let mut a = ChildWorker::spawn(&env.config, "pod-a");
+    let ids = publish_held(&env, "orphan", 4).await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 4 }).await);
+    let _b = ChildWorker::spawn(&env.config, "pod-b");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.kill9();
+    let died = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(40), || async {
+            ids.iter().all(|id| app.starts_of(id).len() == 2)
+        })
+        .await,
+        "jobs of the dead worker were not recovered"
+    );
+    let mut took: Vec<Duration> = ids
+        .iter()
+        .map(|id| app.starts_of(id)[1].at - died)
+        .collect();
+    took.sort();
+    println!(
+        "worker killed for good (defaults: beat 5s, dead after 15s): recovered after p50 {:?}, max {:?}",
+        took[took.len() / 2],
+        took.last().unwrap()
+    );
+    for id in &ids {
+        let starts = app.starts_of(id);
+        assert!(starts[0].worker.starts_with("pod-a-"), "{starts:?}");
+        assert!(starts[1].worker.starts_with("pod-b-"), "{starts:?}");
+    }
+    app.release();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 4
+        })
+        .await
+    );
+    for id in &ids {
+        assert_eq!(
+            outcomes(&env.store, id).await,
+            vec!["owner_dead", "completed"],
+            "{id}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(&app.url, &with_worker(FAST))).await;
+    let a = ChildWorker::spawn(&env.config, "pod-a");
+    let ids = publish_held(&env, "paused", 3).await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
+    let _b = ChildWorker::spawn(&env.config, "pod-b");
+    a.signal(Signal::SIGSTOP);
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            ids.iter().all(|id| app.starts_of(id).len() == 2)
+        })
+        .await,
+        "paused worker's jobs were not reclaimed"
+    );
+    // B finishes them; A's held requests are answered too, but A is still stopped.
+    app.release();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 3
+        })
+        .await
+    );
+    a.signal(Signal::SIGCONT);
+    // A wakes up with three results it can no longer record.
+    assert!(
+        wait_for(Duration::from_secs(15), || async {
+            let mut all = true;
+            for id in &ids {
+                all &= outcomes(&env.store, id)
+                    .await
+                    .contains(&"lost_ownership".to_string());
+            }
+            all
+        })
+        .await,
+        "the old owner's late results were not recorded as lost ownership"
+    );
+    for id in &ids {
+        let o = outcomes(&env.store, id).await;
+        assert_eq!(
+            o.iter().filter(|x| *x == "completed").count(),
+            1,
+            "{id}: {o:?}"
+        );
+        assert!(o.contains(&"owner_dead".to_string()), "{id}: {o:?}");
+        let job = env.store.job_get(id).await.unwrap().unwrap();
+        assert_eq!(job.status, "completed");
+        assert!(job.worker_id.unwrap().starts_with("pod-b-"));
+    }
+}
+
+#[tokio::test]
+async fn a_hung_handler_is_reclaimed_but_a_slow_healthy_one_never_is() {
+    let env = TestEnv::new(
+        "heartbeat_every = \"200ms\"\nstale_after = \"1s\"\nsweep_every = \"200ms\"\n\
+         [queues.work]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let hung_stopped = Arc::new(AtomicBool::new(false));
+    let hs = hung_stopped.clone();
+    let h = from_fn(move |job| {
+        let hs = hs.clone();
+        async move {
+            match (job.id.as_str(), job.attempt) {
+                ("hung", 1) => {
+                    // Never reports, never returns: only recovery can save this job. The
+                    // guard notices when the worker stops (drops) this attempt.
+                    struct Stopped(Arc<AtomicBool>);
+                    impl Drop for Stopped {
+                        fn drop(&mut self) {
+                            self.0.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    let _guard = Stopped(hs);
+                    std::future::pending::<()>().await;
+                    Ok(None)
+                }
+                ("healthy", _) => {
+                    // Runs 5 × stale_after, reporting every 300 ms.
+                    for i in 0..17 {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        job.progress(Progress {
+                            progress: Some(i as f32 / 17.0),
+                            ..Default::default()
+                        })
+                        .await
+                        .map_err(|e| JobError::retry(e.to_string()))?;
+                    }
+                    Ok(None)
+                }
+                _ => Ok(None),
+            }
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw("work", r#"{"id":"hung","payload":{}}"#)
+        .await;
+    env.publish_raw("work", r#"{"id":"healthy","payload":{}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            env.status_of("hung").await.as_deref() == Some("completed")
+                && env.status_of("healthy").await.as_deref() == Some("completed")
+        })
+        .await
+    );
+    assert_eq!(
+        outcomes(&env.store, "hung").await,
+        vec!["stale", "completed"]
+    );
+    assert_eq!(outcomes(&env.store, "healthy").await, vec!["completed"]);
+    assert_eq!(
+        env.store
+            .job_get("healthy")
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts,
+        1
+    );
+    assert!(
+        hung_stopped.load(Ordering::SeqCst),
+        "the hung attempt was not stopped"
+    );
+    assert!(stat(&worker.stats.reclaimed_stale) >= 1);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn jobs_whose_messages_were_purged_still_complete() {
+    let env = TestEnv::new(
+        "sweep_every = \"300ms\"\nbroker_lost_after = \"1s\"\n\
+         [queues.work]\nconcurrency = 50\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    for i in 0..500 {
+        client
+            .enqueue(
+                "work",
+                json!({"n": i}),
+                EnqueueOptions {
+                    id: Some(format!("purged-{i}")),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    env.broker.stream().await.unwrap().purge().await.unwrap();
+    assert_eq!(env.consumer_backlog("work").await.0, 0, "stream purged");
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let h = from_fn(move |_job| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            env.count("completed").await == 500
+        })
+        .await,
+        "completed {}",
+        env.count("completed").await
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 500, "each job ran once");
+    assert_eq!(
+        outcomes(&env.store, "purged-7").await,
+        vec!["broker_lost", "completed"]
+    );
+    assert_eq!(stat(&worker.stats.republished_broker_lost), 500);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn sigterm_finishes_short_jobs_releases_long_ones_and_exits_cleanly() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(&app.url, "shutdown_grace = \"1s\"\n")).await;
+    let mut a = ChildWorker::spawn(&env.config, "pod-a");
+    let long = publish_held(&env, "long", 2).await;
+    for i in 0..3 {
+        env.publish_raw(
+            "work",
+            format!(r#"{{"id":"short-{i}","payload":{{"ms":300}}}}"#),
+        )
+        .await;
+    }
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 5 }).await);
+    let _b = ChildWorker::spawn(&env.config, "pod-b");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.signal(Signal::SIGTERM);
+    let termed = Instant::now();
+    let code = a.wait_exit(Duration::from_secs(10)).await;
+    let exited = termed.elapsed();
+    assert_eq!(code, Some(0), "exit code after SIGTERM");
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            long.iter().all(|id| app.starts_of(id).len() == 2)
+        })
+        .await
+    );
+    let restarted: Vec<Duration> = long
+        .iter()
+        .map(|id| app.starts_of(id)[1].at - termed)
+        .collect();
+    println!("SIGTERM: process exited after {exited:?} (grace 1s); long jobs started elsewhere after {restarted:?}");
+    app.release();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 5
+        })
+        .await
+    );
+    for i in 0..3 {
+        assert_eq!(
+            outcomes(&env.store, &format!("short-{i}")).await,
+            vec!["completed"]
+        );
+    }
+    for id in &long {
+        assert_eq!(
+            outcomes(&env.store, id).await,
+            vec!["released", "completed"],
+            "{id}"
+        );
+        // A graceful release does not cost an attempt.
+        assert_eq!(
+            env.store.job_get(id).await.unwrap().unwrap().attempts,
+            1,
+            "{id}"
+        );
+        assert!(app.starts_of(id)[1].worker.starts_with("pod-b-"));
+    }
+    let c = env.store.raw().await.unwrap();
+    let stopped: Option<String> = c
+        .query_one(
+            "SELECT stop_reason FROM workers WHERE hostname = 'pod-a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stopped.as_deref(), Some("shutdown"));
+}
+
+#[tokio::test]
+async fn a_job_that_kills_its_worker_every_time_ends_dead_after_max_attempts() {
+    let env = TestEnv::new(
+        "[queues.work]\nmax_attempts = 3\n\
+         handler = { kind = \"exec\", command = [\"sh\", \"-c\", \"kill -9 $PPID; sleep 5\"] }\n",
+    )
+    .await;
+    env.publish_raw("work", r#"{"id":"poison","payload":{}}"#)
+        .await;
+    let mut crashes = 0;
+    let started = Instant::now();
+    while env.status_of("poison").await.as_deref() != Some("dead") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "never dead-lettered"
+        );
+        let mut w = ChildWorker::spawn(&env.config, "pod-0");
+        if w.wait_exit(Duration::from_secs(10)).await.is_some() {
+            crashes += 1;
+        } else {
+            // The last start found the job dead and kept running: that is the end state.
+            drop(w);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(crashes, 3, "the job killed its worker once per attempt");
+    let job = env.store.job_get("poison").await.unwrap().unwrap();
+    assert_eq!(job.attempts, 3);
+    assert_eq!(outcomes(&env.store, "poison").await, vec!["restarted"; 3]);
+    assert!(job.last_error.unwrap().contains("attempt 3 of 3"));
+}
+
+#[tokio::test]
+async fn drain_endpoint_releases_running_jobs_and_turns_unready() {
+    let env = TestEnv::new(
+        "shutdown_grace = \"300ms\"\n[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let h = from_fn(|job| async move {
+        job.cancel.cancelled().await;
+        Err(JobError::retry("cancelled"))
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw("work", r#"{"id":"drained","payload":{}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.status_of("drained").await.as_deref() == Some("processing")
+        })
+        .await
+    );
+    let base = format!("http://{}", worker.api_addr);
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let report: serde_json::Value = http
+        .post(format!("{base}/v1/drain"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report, json!({"finished": 0, "released": 1}));
+    assert_eq!(
+        http.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    assert_eq!(
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let job = env.store.job_get("drained").await.unwrap().unwrap();
+    assert_eq!(job.attempts, 0, "released without costing an attempt");
+    assert!(
+        matches!(job.status.as_str(), "scheduled" | "queued"),
+        "{}",
+        job.status
+    );
+    assert_eq!(outcomes(&env.store, "drained").await, vec!["released"]);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn postgres_and_nats_restarts_lose_nothing() {
+    let pg = jobwarden::testkit::PgCluster::start().unwrap();
+    let mut env = TestEnv::with_database(
+        &pg.url(),
+        "sweep_every = \"500ms\"\nbroker_lost_after = \"2s\"\nheartbeat_every = \"1s\"\n\
+         [queues.work]\nconcurrency = 20\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let done = Arc::new(Mutex::new(std::collections::HashMap::<String, u32>::new()));
+    let d = done.clone();
+    let h = from_fn(move |job| {
+        let d = d.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            *d.lock().unwrap().entry(job.id.clone()).or_default() += 1;
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    let mut submitted = std::collections::HashSet::new();
+    let started = Instant::now();
+    let mut pg_restarted = false;
+    let mut nats_restarted = false;
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let id = format!("fault-{i}");
+        i += 1;
+        match client
+            .enqueue(
+                "work",
+                json!({}),
+                EnqueueOptions {
+                    id: Some(id.clone()),
+                    ..Default::default()
+                },
+            )
+            .await
+        {
+            // Stored (even if the publish failed): it must complete.
+            Ok(_) | Err(jobwarden::client::ClientError::Publish { .. }) => {
+                submitted.insert(id);
+            }
+            Err(_) => {}
+        }
+        if !pg_restarted && started.elapsed() > Duration::from_millis(1500) {
+            pg.restart_immediate().unwrap();
+            pg_restarted = true;
+        }
+        if !nats_restarted && started.elapsed() > Duration::from_millis(3500) {
+            env.nats.restart().unwrap();
+            nats_restarted = true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let n = submitted.len();
+    assert!(n > 100, "only {n} jobs submitted");
+    let all_done = wait_for(Duration::from_secs(60), || async {
+        let c = env.store.raw().await;
+        match c {
+            Ok(c) => {
+                let done: i64 = c
+                    .query_one("SELECT count(*) FROM jobs WHERE status = 'completed'", &[])
+                    .await
+                    .map(|r| r.get(0))
+                    .unwrap_or(0);
+                done as usize == n
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    let runs = done.lock().unwrap().clone();
+    let missing: Vec<_> = submitted
+        .iter()
+        .filter(|id| !runs.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        all_done,
+        "not all {n} submitted jobs completed; never ran: {missing:?}"
+    );
+    println!(
+        "server restarts: {n} jobs submitted, all completed; {} ran more than once",
+        runs.values().filter(|&&c| c > 1).count()
+    );
+    worker.shutdown().await;
+}
