@@ -2,7 +2,8 @@
 //! PostgreSQL (unless told to use running ones), a small demo application, and several
 //! `jobwarden run` worker processes; publishes a mixed workload the way producers do (plain
 //! NATS publishes to `jobs.<queue>`), shows progress while it drains, and prints the final
-//! per-queue counts and why the dead jobs died.
+//! per-queue counts and why the dead jobs died. Midway it kills one worker with `kill -9`
+//! and starts it again under the same hostname: its jobs are taken back and run again.
 //!
 //! Queues (modelled on the seed workload):
 //! - `email` (http): the app "sends" in 20–60 ms; 10 % answer 503 and are retried.
@@ -27,7 +28,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
     /// Jobs to publish.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 600)]
     pub jobs: usize,
     /// Use this PostgreSQL instead of starting a throwaway one.
     #[arg(long)]
@@ -92,17 +93,16 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
 
     let exe = std::env::current_exe()?;
-    let mut workers: Vec<Child> = (0..args.workers)
-        .map(|i| {
-            Command::new(&exe)
-                .args(["--config", config_path.to_str().expect("utf-8 path"), "run"])
-                .env("JOBWARDEN_WORKER__HOSTNAME", format!("demo-{i}"))
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .spawn()
-                .context("starting a worker process")
-        })
-        .collect::<Result<_>>()?;
+    let spawn = |i: usize| -> Result<Child> {
+        Command::new(&exe)
+            .args(["--config", config_path.to_str().expect("utf-8 path"), "run"])
+            .env("JOBWARDEN_WORKER__HOSTNAME", format!("demo-{i}"))
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting a worker process")
+    };
+    let mut workers: Vec<Child> = (0..args.workers).map(spawn).collect::<Result<_>>()?;
     println!(
         "started {} workers (demo-0 … demo-{})",
         args.workers,
@@ -145,7 +145,37 @@ pub async fn run(args: DemoArgs) -> Result<()> {
 
     let total = args.jobs as i64;
     let mut last = String::new();
+    let mut crashed = false;
+    let mut crash_at: Option<usize> = None;
     loop {
+        // Once work is flowing, crash a worker the hard way and start it again.
+        let victim = 1;
+        let mine = if !crashed && args.workers > 1 {
+            let running = store.job_list(None, Some("processing"), 1000).await?;
+            running
+                .iter()
+                .filter(|j| {
+                    j.worker_id
+                        .as_deref()
+                        .unwrap_or("")
+                        .starts_with(&format!("demo-{victim}-"))
+                })
+                .count()
+        } else {
+            0
+        };
+        if mine >= 3 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(workers[victim].id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = workers[victim].wait();
+            println!("[{:>5.1}s] CRASH: kill -9 demo-{victim} with {mine} jobs in flight; restarting it under the same hostname",
+                     started.elapsed().as_secs_f64());
+            workers[victim] = spawn(victim)?;
+            crashed = true;
+            crash_at = Some(mine);
+        }
         let counts = store.job_counts().await?;
         let terminal: i64 = counts
             .iter()
@@ -166,11 +196,26 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         if started.elapsed() > Duration::from_secs(300) {
             anyhow::bail!("the demo did not finish in 5 minutes: {last}");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(if crashed { 500 } else { 100 })).await;
+    }
+    if let Some(n) = crash_at {
+        println!("the {n} jobs demo-1 had in flight when it was killed were taken back at its restart (outcome `restarted`) and run again");
     }
 
     println!("\nfinal counts per queue:");
     print_table(&store.job_counts().await?);
+    println!("\nwhy attempts ended (job_attempts.outcome):");
+    let c = store.raw().await?;
+    for r in c
+        .query(
+            "SELECT outcome, count(*) FROM job_attempts GROUP BY 1 ORDER BY 2 DESC",
+            &[],
+        )
+        .await?
+    {
+        println!("  {:<16} {}", r.get::<_, String>(0), r.get::<_, i64>(1));
+    }
+    drop(c);
     println!("\ndead jobs and why (first 5):");
     for j in store.job_list(None, Some("dead"), 5).await? {
         println!(
