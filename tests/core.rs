@@ -437,6 +437,56 @@ async fn claim_and_settle_queries_use_their_indexes() {
 }
 
 #[tokio::test]
+async fn hot_path_plans_stay_linear_when_statistics_are_stale() {
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let c = env.store.raw().await.unwrap();
+    // Analyzed while empty, then grown fast: what a new installation under load looks
+    // like before autovacuum catches up.
+    c.batch_execute(
+        "ANALYZE jobs;
+         INSERT INTO jobs (id, queue, payload, status, max_attempts, worker_id, lease)
+         SELECT 'j' || g, 'work', '{}', 'processing', 3, 'w', 1 FROM generate_series(1, 30000) g;
+         SET plan_cache_mode = force_generic_plan;",
+    )
+    .await
+    .unwrap();
+    let hot = [
+        (
+            "job_claim",
+            "('w', '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}')",
+        ),
+        (
+            "job_settle",
+            "('w', '{j1}', '{1}', '{completed}', '{0}', '{NULL}', '{NULL}', '{completed}', '{0}')",
+        ),
+        ("job_release", "('w', '{j1}', '{1}', 'released', 1)"),
+        ("job_progress", "('j1', 'w', 1, NULL, NULL, NULL)"),
+    ];
+    for (name, args) in hot {
+        let sql = jobwarden::store::ALL_SQL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap()
+            .1;
+        c.batch_execute(&format!("PREPARE {name} AS {sql}"))
+            .await
+            .unwrap();
+        let plan: String = c
+            .query(&format!("EXPLAIN EXECUTE {name}{args}"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !plan.contains("Seq Scan on jobs"),
+            "{name} scans jobs:\n{plan}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn an_id_that_belongs_to_another_queue_is_rejected_not_run() {
     let env = TestEnv::new(
         "[queues.email]\nhandler = { kind = \"rust\", name = \"h\" }\n\

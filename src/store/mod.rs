@@ -139,14 +139,23 @@ impl Store {
         let mut pg = tokio_postgres::Config::from_str(&cfg.url).map_err(|e| {
             StoreError::BadUrl(format!("{e}; expected postgres://user@host:5432/db"))
         })?;
-        pg.options(format!("-c search_path={}", cfg.schema))
-            .connect_timeout(cfg.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(10))
-            .keepalives_interval(Duration::from_secs(5))
-            .keepalives_retries(3)
-            .tcp_user_timeout(Duration::from_secs(30))
-            .application_name("jobwarden");
+        // Plans that do not depend on table statistics. A jobs table that grows fast is
+        // often not analyzed yet; the planner, believing it tiny, then picks plans that are
+        // quadratic in the batch size (a nested loop matching every batch row against every
+        // row of this worker) or scan the whole table per batch. Every statement here is a
+        // key lookup or a hash join between a batch and the rows it names, so seq scans and
+        // nested loops are discouraged (still used where nothing else applies).
+        pg.options(format!(
+            "-c search_path={} -c enable_seqscan=off -c enable_nestloop=off",
+            cfg.schema
+        ))
+        .connect_timeout(cfg.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(30))
+        .application_name("jobwarden");
         let target = describe_target(&pg);
         let mgr = Manager::from_config(
             pg,
@@ -413,6 +422,26 @@ impl Store {
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
 
+    /// Which of these attempts (id, lease, status settled to) this worker settled already:
+    /// for a settle that was retried after its commit answer may have been lost.
+    pub async fn job_settled_check(
+        &self,
+        worker_id: &str,
+        batch: &[SettleInput],
+    ) -> Result<Vec<String>> {
+        let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
+        let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
+        let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(include_str!("sql/job_settled_check.sql"))
+            .await?;
+        let rows = client
+            .query(&st, &[&worker_id, &ids, &leases, &statuses])
+            .await?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
     /// Records a progress report (fenced). `LostOwnership` when the lease moved on.
     pub async fn job_progress(
         &self,
@@ -612,6 +641,10 @@ fn describe_target(pg: &tokio_postgres::Config) -> String {
 pub const ALL_SQL: &[(&str, &str)] = &[
     ("job_claim", include_str!("sql/job_claim.sql")),
     ("job_settle", include_str!("sql/job_settle.sql")),
+    (
+        "job_settled_check",
+        include_str!("sql/job_settled_check.sql"),
+    ),
     ("job_progress", include_str!("sql/job_progress.sql")),
     ("job_insert", include_str!("sql/job_insert.sql")),
     ("job_dead_invalid", include_str!("sql/job_dead_invalid.sql")),

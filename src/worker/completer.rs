@@ -53,6 +53,7 @@ impl Completer {
     pub async fn run_once(&self, group: Vec<Finished>) -> usize {
         let inputs: Vec<SettleInput> = group.iter().map(|f| self.decide(f)).collect();
         let mut delay = Duration::from_millis(100);
+        let mut retried = false;
         let settled = loop {
             match self
                 .shared
@@ -60,11 +61,31 @@ impl Completer {
                 .job_settle(&self.shared.worker_id, &inputs)
                 .await
             {
+                Ok(ids) if retried && ids.len() < inputs.len() => {
+                    // An earlier try may have committed without us hearing of it.
+                    let mut ids: HashSet<String> = ids.into_iter().collect();
+                    let rest: Vec<SettleInput> = inputs
+                        .iter()
+                        .filter(|i| !ids.contains(&i.id))
+                        .cloned()
+                        .collect();
+                    match self
+                        .shared
+                        .store
+                        .job_settled_check(&self.shared.worker_id, &rest)
+                        .await
+                    {
+                        Ok(done) => ids.extend(done),
+                        Err(e) => warn!(cause = %e, "could not check earlier settle tries"),
+                    }
+                    break ids;
+                }
                 Ok(ids) => break ids.into_iter().collect::<HashSet<String>>(),
                 Err(e) => {
                     // Nothing is acked until the write commits; keep trying. The messages stay
                     // pending in JetStream meanwhile, so nothing is lost if we die here.
                     warn!(cause = %e, jobs = inputs.len(), "settling failed; retrying in {delay:?}");
+                    retried = true;
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }

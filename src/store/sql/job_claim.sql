@@ -3,7 +3,9 @@
 -- run_at is in the future); a row that is queued, or scheduled and due, is claimed by bumping
 -- its lease. Every other row is reported with its status (and queue: an id that belongs to
 -- another queue's job is not this message's job) so the caller can ack and drop.
--- $1 worker id; $2.. one array per column of the batch.
+-- $1 worker id; $2.. one array per column of the batch. Every lookup also says
+-- `j.id = ANY($2)`, so the generic plan reads the primary key instead of joining the whole
+-- table against the batch.
 WITH input AS (
     SELECT *
     FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::int2[], $6::int4[], $7::int4[],
@@ -30,7 +32,7 @@ claimed AS (
         started_at = now(), last_activity_at = now(), stage = NULL, progress = NULL,
         message = NULL, updated_at = now()
     FROM input i
-    WHERE j.id = i.id AND j.queue = i.queue
+    WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.queue = i.queue
       AND (j.status = 'queued' OR (j.status = 'scheduled' AND j.scheduled_at <= now()))
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue
 )
@@ -43,4 +45,4 @@ UNION ALL
 SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false,
        j.queue
 FROM jobs j JOIN input i ON i.id = j.id
-WHERE j.id NOT IN (SELECT id FROM claimed)
+WHERE j.id = ANY($2::text[]) AND j.id NOT IN (SELECT id FROM claimed)

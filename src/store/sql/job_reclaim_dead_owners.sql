@@ -8,11 +8,19 @@ WITH dead AS (
     WHERE stopped_at IS NULL AND heartbeat_at < now() - $1::int8 * interval '1 millisecond'
     RETURNING id
 ),
+-- Owners whose jobs are orphaned: dead now, or stopped lately (a stopped worker's leftover
+-- jobs are taken on the first pass; older ones are left to the stale sweep). Their list is
+-- computed once, so only their jobs are read, not every running job.
 victims AS (
     SELECT j.id, j.worker_id AS owner
-    FROM jobs j JOIN workers w ON w.id = j.worker_id
+    FROM jobs j
     WHERE j.status = 'processing'
-      AND (w.stopped_at IS NOT NULL OR w.heartbeat_at < now() - $1::int8 * interval '1 millisecond')
+      AND j.worker_id = ANY (ARRAY(
+          SELECT id FROM dead
+          UNION ALL
+          SELECT id FROM workers
+          WHERE stopped_at > now() - interval '1 day'
+             OR (stopped_at IS NULL AND heartbeat_at < now() - $1::int8 * interval '1 millisecond')))
     LIMIT $2
     FOR UPDATE OF j SKIP LOCKED
 ),

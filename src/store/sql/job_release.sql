@@ -13,7 +13,7 @@ r AS (
                           THEN format('worker %s gave the job back during attempt %s (%s)', $1::text, j.attempts, $4::text)
                           ELSE j.last_error END
     FROM input i
-    WHERE j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease AND j.status = 'processing'
+    WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease AND j.status = 'processing'
     RETURNING j.id, j.lease, j.attempts + $5 AS attempt, j.started_at
 ),
 history AS (

@@ -1,8 +1,8 @@
 -- Settles a batch of finished attempts in one statement, fenced by owner and lease: a row
 -- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt
 -- leaves a row in job_attempts; so does each late result that was rejected.
--- Returns the ids that are settled by this worker, including ones an earlier try of this
--- same statement already settled (its commit answer was lost).
+-- Returns the ids it settled. (After a retry, job_settled_check finds the ones an earlier
+-- try already settled whose commit answer was lost.)
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
 -- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release).
 WITH input AS (
@@ -23,7 +23,8 @@ done AS (
         result = i.result,
         updated_at = now()
     FROM input i
-    WHERE j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease AND j.status = 'processing'
+    WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease
+      AND j.status = 'processing'
     RETURNING j.id, j.lease, j.attempts + i.refund AS attempt, j.started_at, i.outcome, i.error
 ),
 history AS (
@@ -35,9 +36,6 @@ late AS (
     SELECT i.id, i.lease, 0, $1, 'lost_ownership',
            'late result (' || i.outcome || ') rejected: the job was taken from this worker'
     FROM input i JOIN jobs j ON j.id = i.id
-    WHERE j.worker_id IS DISTINCT FROM $1 OR j.lease <> i.lease
+    WHERE j.id = ANY($2::text[]) AND (j.worker_id IS DISTINCT FROM $1 OR j.lease <> i.lease)
 )
 SELECT id FROM done
-UNION ALL
-SELECT i.id FROM input i JOIN jobs j ON j.id = i.id
-WHERE j.worker_id = $1 AND j.lease = i.lease AND j.status = i.status AND j.status <> 'processing'
