@@ -37,8 +37,9 @@ CREATE INDEX jobs_processing_owner ON jobs (worker_id) WHERE status = 'processin
 CREATE INDEX jobs_scheduled_due ON jobs (scheduled_at) WHERE status = 'scheduled';
 -- Queued jobs by age (broker-loss reconciliation, oldest-queued stats).
 CREATE INDEX jobs_queued_age ON jobs (queue, updated_at) WHERE status = 'queued';
--- Listing and stats by queue and status.
-CREATE INDEX jobs_queue_status ON jobs (queue, status, created_at);
+-- The dead-letter queue by queue and age. (No index covers every status: each would be
+-- rewritten by every state change on the hot path.)
+CREATE INDEX jobs_dead ON jobs (queue, completed_at) WHERE status = 'dead';
 -- Enqueueing twice with one key returns the first job.
 CREATE UNIQUE INDEX jobs_idempotency ON jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
@@ -47,7 +48,7 @@ CREATE UNIQUE INDEX jobs_idempotency ON jobs (queue, idempotency_key) WHERE idem
 -- is one query. outcome: completed, retry, dead, released (graceful shutdown, attempt not
 -- counted), restarted, owner_dead, stale, self_fenced, lost_ownership, broker_lost.
 CREATE TABLE job_attempts (
-    id          bigserial   PRIMARY KEY,
+    id          bigint      GENERATED ALWAYS AS IDENTITY (CACHE 1000),  -- order of events
     job_id      text        NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     lease       bigint      NOT NULL,       -- the claim this attempt ran under
     attempt     integer     NOT NULL,
