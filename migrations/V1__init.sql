@@ -48,7 +48,7 @@ CREATE UNIQUE INDEX jobs_idempotency ON jobs (queue, idempotency_key) WHERE idem
 -- is one query. outcome: completed, retry, dead, released (graceful shutdown, attempt not
 -- counted), restarted, owner_dead, stale, self_fenced, lost_ownership, broker_lost.
 CREATE TABLE job_attempts (
-    id          bigint      GENERATED ALWAYS AS IDENTITY (CACHE 1000),  -- order of events
+    id          bigint      GENERATED ALWAYS AS IDENTITY,
     job_id      text        NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     lease       bigint      NOT NULL,       -- the claim this attempt ran under
     attempt     integer     NOT NULL,

@@ -91,7 +91,7 @@ impl Store {
         let sql = format!(
             "SELECT attempt, lease, worker_id, to_char(started_at AT TIME ZONE 'UTC', '{TS}'),
                     (extract(epoch FROM finished_at - started_at) * 1000)::int8, outcome, error
-             FROM job_attempts WHERE job_id = $1 ORDER BY id"
+             FROM job_attempts WHERE job_id = $1 ORDER BY finished_at, id"
         );
         let rows = c.query(&sql, &[&id]).await?;
         Ok(rows
