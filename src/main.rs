@@ -68,6 +68,16 @@ enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// The dead-letter queue: list, retry, purge.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Per-queue statistics (the job_stats view).
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark: push no-op jobs through a worker and print throughput and latency.
     Bench(jobwarden::bench::BenchArgs),
     /// Demo: throwaway servers, several workers, a mixed workload, live progress and counts.
@@ -81,7 +91,44 @@ enum ConfigCommand {
 }
 
 #[derive(Subcommand)]
+enum DlqCommand {
+    /// Dead jobs, newest first.
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retry a dead job (fresh attempts, same id, history kept), or every dead job of a queue.
+    Retry {
+        /// The dead job's id.
+        id: Option<String>,
+        #[arg(long)]
+        queue: Option<String>,
+        /// With --queue: every dead job of that queue.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete dead jobs older than an age, e.g. 30d.
+    Purge {
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+    },
+}
+
+fn parse_age(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not an age ({e}); write it like 30d, 12h or 90m"))
+}
+
+#[derive(Subcommand)]
 enum JobsCommand {
+    /// Cancel a job that has not finished: a queued one never runs, a running one is stopped.
+    Cancel { id: String },
+    /// Retry a dead job (fresh attempts, same id, history kept).
+    Retry { id: String },
     /// Show one job with its attempts.
     Show {
         id: String,
@@ -212,6 +259,16 @@ async fn real_main(cli: Cli) -> Result<()> {
             let store = Store::connect(&config.database).await?;
             jobs(&store, command).await
         }
+        Command::Dlq { command } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            dlq(&store, command).await
+        }
+        Command::Stats { json } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            stats(&store, json).await
+        }
         Command::Bench(args) => jobwarden::bench::run(args, path.as_deref()).await,
         Command::Demo(args) => jobwarden::demo::run(args).await,
     }
@@ -249,8 +306,134 @@ async fn shutdown_signal() {
     });
 }
 
+async fn retry_one(store: &Store, id: &str) -> Result<()> {
+    let retried = store.job_retry_dead(Some(&[id.to_string()]), None).await?;
+    if retried.is_empty() {
+        return Err(match store.job_get(id).await? {
+            None => BadArgs(format!(
+                "no job with id {id:?} in schema {}",
+                store.schema()
+            )),
+            Some(j) => BadArgs(format!(
+                "job {id} is {}, not dead: only dead jobs can be retried",
+                j.status
+            )),
+        }
+        .into());
+    }
+    println!("{id} scheduled for a fresh run (its history is kept)");
+    Ok(())
+}
+
+async fn dlq(store: &Store, command: DlqCommand) -> Result<()> {
+    match command {
+        DlqCommand::List { queue, limit, json } => {
+            let rows = store.job_list(queue.as_deref(), Some("dead"), limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(());
+            }
+            println!("{:<38} {:<10} {:>8} {:<24} last error", "id", "queue", "attempts", "died");
+            for j in rows {
+                println!(
+                    "{:<38} {:<10} {:>8} {:<24} {}",
+                    j.id,
+                    j.queue,
+                    format!("{}/{}", j.attempts, j.max_attempts),
+                    j.completed_at.as_deref().unwrap_or("-"),
+                    j.last_error.as_deref().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        DlqCommand::Retry { id: Some(id), queue: None, all: false } => retry_one(store, &id).await,
+        DlqCommand::Retry { id: None, queue: Some(q), all: true } => {
+            let n = store.job_retry_dead(None, Some(&q)).await?.len();
+            println!("{n} dead job(s) of queue {q} scheduled for a fresh run");
+            Ok(())
+        }
+        DlqCommand::Retry { .. } => Err(BadArgs(
+            "give either a job id (dlq retry <id>) or a queue with --all (dlq retry --queue email --all)".into(),
+        )
+        .into()),
+        DlqCommand::Purge { older_than } => {
+            let n = store.job_purge_dead(older_than).await?;
+            println!(
+                "deleted {n} dead job(s) that died more than {} ago",
+                humantime::format_duration(older_than)
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn stats(store: &Store, json: bool) -> Result<()> {
+    let rows = store.job_stats().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<12} {:>7} {:>9} {:>10} {:>13} {:>8} {:>13} {:>8} {:>8} {:>7}",
+        "queue",
+        "queued",
+        "scheduled",
+        "processing",
+        "completed 24h",
+        "dead 24h",
+        "oldest queued",
+        "p50 run",
+        "p95 run",
+        "retries"
+    );
+    let secs = |s: Option<f64>| s.map(|v| format!("{v:.3}s")).unwrap_or_else(|| "-".into());
+    for r in rows {
+        println!(
+            "{:<12} {:>7} {:>9} {:>10} {:>13} {:>8} {:>13} {:>8} {:>8} {:>6.1}%",
+            r.queue,
+            r.queued,
+            r.scheduled,
+            r.processing,
+            r.completed_24h,
+            r.dead_24h,
+            r.oldest_queued_seconds
+                .map(|v| format!("{v:.0}s"))
+                .unwrap_or_else(|| "-".into()),
+            secs(r.p50_run_seconds),
+            secs(r.p95_run_seconds),
+            r.retry_rate * 100.0
+        );
+    }
+    Ok(())
+}
+
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
     match command {
+        JobsCommand::Retry { id } => retry_one(store, &id).await,
+        JobsCommand::Cancel { id } => match store.job_cancel(&id).await? {
+            Some(was) => {
+                println!(
+                    "{id} cancelled (it was {was}{})",
+                    if was.as_str() == "processing" {
+                        "; its worker stops it at its next lease check"
+                    } else {
+                        ""
+                    }
+                );
+                Ok(())
+            }
+            None => Err(match store.job_get(&id).await? {
+                None => BadArgs(format!(
+                    "no job with id {id:?} in schema {}",
+                    store.schema()
+                )),
+                Some(j) => BadArgs(format!(
+                    "job {id} is {}: a finished job cannot be cancelled",
+                    j.status
+                )),
+            }
+            .into()),
+        },
         JobsCommand::Show { id, json } => {
             let job = store.job_get(&id).await?.ok_or_else(|| {
                 BadArgs(format!(

@@ -13,6 +13,7 @@ pub struct Reclaimed {
     /// `scheduled` (runs again at once) or `dead` (that was its last attempt).
     pub status: JobStatus,
     pub owner: Option<String>,
+    pub queue: String,
 }
 
 /// Another registered incarnation of this hostname.
@@ -34,6 +35,7 @@ fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
             id: r.get(0),
             status: JobStatus::parse(r.get(1)).unwrap_or(JobStatus::Scheduled),
             owner: r.get(2),
+            queue: r.get(3),
         })
         .collect()
 }

@@ -7,8 +7,10 @@
 
 mod inspect;
 mod liveness;
+mod ops;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Incarnation, Reclaimed};
+pub use ops::QueueStats;
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};
@@ -673,4 +675,8 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("job_requeue_lost", include_str!("sql/job_requeue_lost.sql")),
     ("jobs_owned", include_str!("sql/jobs_owned.sql")),
     ("workers_on_host", include_str!("sql/workers_on_host.sql")),
+    ("job_retry_dead", include_str!("sql/job_retry_dead.sql")),
+    ("job_cancel", include_str!("sql/job_cancel.sql")),
+    ("job_purge_dead", include_str!("sql/job_purge_dead.sql")),
+    ("job_stats", include_str!("sql/job_stats.sql")),
 ];

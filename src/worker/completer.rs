@@ -125,6 +125,9 @@ impl Completer {
                 JobStatus::Dead => {
                     Stats::add(&stats.dead, 1);
                     info!(job.id = %f.id, queue = %f.queue, error = ?input.error, "job dead-lettered");
+                    self.shared
+                        .announce_dead(&f.queue, &f.id, input.error.as_deref())
+                        .await;
                 }
                 _ => Stats::add(&stats.retried, 1),
             }

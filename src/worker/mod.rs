@@ -189,6 +189,21 @@ impl Shared {
         }
     }
 
+    /// Tells alerting a job was dead-lettered: a small event on `jobwarden.dead.<queue>`
+    /// (core NATS, outside the work stream). Best effort: the row is the record.
+    pub(crate) async fn announce_dead(&self, queue: &str, id: &str, error: Option<&str>) {
+        let event = serde_json::json!({"id": id, "queue": queue, "error": error});
+        let subject = format!("jobwarden.dead.{queue}");
+        if let Err(e) = self
+            .broker
+            .client
+            .publish(subject, event.to_string().into())
+            .await
+        {
+            warn!(job.id = %id, cause = %e, "dead-letter event not published");
+        }
+    }
+
     fn settled_count(&self) -> u64 {
         let s = &self.stats;
         Stats::get(&s.completed)

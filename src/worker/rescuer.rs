@@ -85,7 +85,7 @@ impl Rescuer {
         match shared.store.job_reclaim_owners(&gone, "restarted").await {
             Ok(jobs) => {
                 Stats::add(&shared.stats.reclaimed_restarted, jobs.len() as u64);
-                self.log("restarted", &jobs);
+                self.log("restarted", &jobs).await;
                 info!(previous = ?gone, jobs = jobs.len(), "start-up reconciliation: earlier incarnations of this host are gone");
                 jobs.len()
             }
@@ -105,7 +105,7 @@ impl Rescuer {
             .job_reclaim_dead_owners(dead_after, ROUND_LIMIT)
             .await?;
         Stats::add(&self.shared.stats.reclaimed_owner_dead, jobs.len() as u64);
-        self.log("owner_dead", &jobs);
+        self.log("owner_dead", &jobs).await;
         Ok(jobs.len())
     }
 
@@ -123,7 +123,7 @@ impl Rescuer {
             .job_reclaim_stale(c.worker.stale_after, &per_queue, ROUND_LIMIT)
             .await?;
         Stats::add(&self.shared.stats.reclaimed_stale, jobs.len() as u64);
-        self.log("stale", &jobs);
+        self.log("stale", &jobs).await;
         Ok(jobs.len())
     }
 
@@ -156,9 +156,14 @@ impl Rescuer {
         Ok(total)
     }
 
-    fn log(&self, reason: &str, jobs: &[Reclaimed]) {
+    async fn log(&self, reason: &str, jobs: &[Reclaimed]) {
         for j in jobs {
             warn!(job.id = %j.id, reason, owner = ?j.owner, status = %j.status, "job reclaimed");
+            if j.status == crate::job::JobStatus::Dead {
+                self.shared
+                    .announce_dead(&j.queue, &j.id, Some(reason))
+                    .await;
+            }
         }
     }
 }

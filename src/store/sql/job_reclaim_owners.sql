@@ -21,10 +21,10 @@ r AS (
         updated_at = now()
     FROM victims v
     WHERE j.id = v.id
-    RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner
+    RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner, j.queue
 ),
 history AS (
     INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
     SELECT id, lease, attempts, owner, started_at, $2, last_error FROM r
 )
-SELECT id, status, owner FROM r
+SELECT id, status, owner, queue FROM r

@@ -1,0 +1,375 @@
+//! Failure policy and operations against real servers: backoff timings read from the
+//! attempts table, dead letters and their events, retry, cancel across processes, exec
+//! timeouts, stats and the operator views.
+
+mod common;
+
+use common::{outcomes, wait_for, ChildWorker, RecordingApp, TestEnv};
+use futures::StreamExt;
+use jobwarden::handler::{from_fn, JobError};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn cli(env: &TestEnv, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobwarden"))
+        .args(args)
+        .env("JOBWARDEN_DATABASE__URL", common::test_database_url())
+        .env("JOBWARDEN_DATABASE__SCHEMA", &env.config.database.schema)
+        .env("JOBWARDEN_NATS__URL", env.nats.url())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Seconds between consecutive attempt starts of `id`, from the attempts table.
+async fn gaps(env: &TestEnv, id: &str) -> Vec<f64> {
+    let c = env.store.raw().await.unwrap();
+    let starts: Vec<f64> = c
+        .query(
+            "SELECT extract(epoch FROM started_at)::float8 FROM job_attempts
+             WHERE job_id = $1 ORDER BY finished_at, id",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    starts.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+#[tokio::test]
+async fn each_backoff_kind_retries_on_its_schedule_then_dead_letters() {
+    // The seed's queues: webhooks exponential from 1 s × 5, email exponential from 5 s × 3,
+    // pdf fixed 10 s × 2; plus linear from 1 s × 3.
+    let env = TestEnv::new(
+        "[queues.webhooks]\nmax_attempts = 5\nbackoff = { kind = \"exponential\", base = \"1s\" }\n\
+         handler = { kind = \"rust\", name = \"fail\" }\n\
+         [queues.email]\nmax_attempts = 3\nbackoff = { kind = \"exponential\", base = \"5s\" }\n\
+         handler = { kind = \"rust\", name = \"fail\" }\n\
+         [queues.pdf]\nmax_attempts = 2\nbackoff = { kind = \"fixed\", base = \"10s\" }\n\
+         handler = { kind = \"rust\", name = \"fail\" }\n\
+         [queues.linear]\nmax_attempts = 3\nbackoff = { kind = \"linear\", base = \"1s\" }\n\
+         handler = { kind = \"rust\", name = \"fail\" }\n",
+    )
+    .await;
+    let fail = from_fn(|_job| async { Err(JobError::retry("endpoint returned 503")) });
+    let worker = env.worker(&[("fail", fail)]).await;
+    // Subscribe to dead-letter events before anything dies.
+    let mut events = env
+        .broker
+        .client
+        .subscribe("jobwarden.dead.>")
+        .await
+        .unwrap();
+    for q in ["webhooks", "email", "pdf", "linear"] {
+        env.publish_raw(q, format!(r#"{{"id":"{q}-1","payload":{{}}}}"#))
+            .await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(40), || async {
+            env.count("dead").await == 4
+        })
+        .await,
+        "dead: {}",
+        env.count("dead").await
+    );
+    let expect = [
+        ("webhooks-1", vec![1.0, 2.0, 4.0, 8.0]),
+        ("email-1", vec![5.0, 10.0]),
+        ("pdf-1", vec![10.0]),
+        ("linear-1", vec![1.0, 2.0]),
+    ];
+    for (id, want) in expect {
+        let got = gaps(&env, id).await;
+        println!("{id}: retried after {got:.2?} s (want {want:?})");
+        assert_eq!(got.len(), want.len(), "{id}: {got:?}");
+        for (g, w) in got.iter().zip(&want) {
+            // The scheduler polls every 50 ms here; claims and handlers add a few ms.
+            assert!(
+                *g >= *w && *g < *w + 0.6,
+                "{id}: gap {g:.3}s, want {w}s ({got:?})"
+            );
+        }
+        let o = outcomes(&env.store, id).await;
+        assert_eq!(o.last().map(String::as_str), Some("dead"), "{id}: {o:?}");
+    }
+    let job = env.store.job_get("webhooks-1").await.unwrap().unwrap();
+    assert!(job.last_error.unwrap().contains("attempt 5 of 5"));
+    // One event per dead job, outside the work stream.
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let m = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("dead-letter event")
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(
+            m.subject.as_str(),
+            format!("jobwarden.dead.{}", v["queue"].as_str().unwrap())
+        );
+        seen.push(v["id"].as_str().unwrap().to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, vec!["email-1", "linear-1", "pdf-1", "webhooks-1"]);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
+    let env = TestEnv::new(
+        "[queues.work]\nmax_attempts = 2\nbackoff = { kind = \"fixed\", base = \"50ms\" }\n\
+         handler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let f = fixed.clone();
+    let h = from_fn(move |_job| {
+        let f = f.clone();
+        async move {
+            if f.load(Ordering::SeqCst) {
+                Ok(None)
+            } else {
+                Err(JobError::retry("smtp down"))
+            }
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw("work", r#"{"id":"mail-9","payload":{}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.status_of("mail-9").await.as_deref() == Some("dead")
+        })
+        .await
+    );
+    let out = cli(&env, &["dlq", "list", "--queue", "work"]);
+    assert!(
+        text(&out).contains("mail-9") && text(&out).contains("smtp down"),
+        "{}",
+        text(&out)
+    );
+    // Bad input: nothing changes.
+    let out = cli(&env, &["jobs", "retry", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("no job with id \"nope\""),
+        "{}",
+        text(&out)
+    );
+    let out = cli(&env, &["dlq", "retry"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = cli(&env, &["dlq", "purge", "--older-than", "a while"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("write it like 30d"), "{}", text(&out));
+    assert_eq!(env.status_of("mail-9").await.as_deref(), Some("dead"));
+
+    fixed.store(true, Ordering::SeqCst);
+    let out = cli(&env, &["dlq", "retry", "mail-9"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.status_of("mail-9").await.as_deref() == Some("completed")
+        })
+        .await
+    );
+    assert_eq!(
+        outcomes(&env.store, "mail-9").await,
+        vec!["retry", "dead", "completed"],
+        "history kept"
+    );
+    // Retrying a job that is not dead is refused.
+    let out = cli(&env, &["jobs", "retry", "mail-9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("is completed, not dead"),
+        "{}",
+        text(&out)
+    );
+    // Purge removes only what is old enough.
+    let out = cli(&env, &["dlq", "purge", "--older-than", "30d"]);
+    assert!(text(&out).contains("deleted 0"), "{}", text(&out));
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn cancel_stops_a_job_running_on_another_worker_process_and_keeps_queued_ones_from_running() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&format!(
+        "heartbeat_every = \"300ms\"\ndead_after = \"2s\"\n\
+         [queues.work]\nhandler = {{ kind = \"http\", url = \"{}\" }}\n",
+        app.url
+    ))
+    .await;
+    // A delayed job is cancelled before it is due: it never runs.
+    let out = cli(
+        &env,
+        &["enqueue", "work", "{}", "--id", "later", "--delay", "2s"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = cli(&env, &["jobs", "cancel", "later"]);
+    assert!(
+        text(&out).contains("later cancelled (it was scheduled)"),
+        "{}",
+        text(&out)
+    );
+    let _pod = ChildWorker::spawn(&env.config, "pod-a");
+    env.publish_raw("work", r#"{"id":"long","payload":{"hold":true}}"#)
+        .await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 1 }).await);
+    let out = cli(&env, &["jobs", "cancel", "long"]);
+    assert!(
+        text(&out).contains("long cancelled (it was processing"),
+        "{}",
+        text(&out)
+    );
+    // The owner notices at its next lease check (every 300 ms here) and aborts the request:
+    // when the app is later let go, nobody is waiting for that answer any more.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.release();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let answered = app.answered.lock().unwrap().clone();
+    assert!(
+        !answered.iter().any(|(id, _, _)| id == "long"),
+        "the cancelled attempt was not stopped: {answered:?}"
+    );
+    assert_eq!(env.status_of("long").await.as_deref(), Some("cancelled"));
+    assert_eq!(env.status_of("later").await.as_deref(), Some("cancelled"));
+    assert!(app.starts_of("later").is_empty(), "a cancelled job ran");
+    assert_eq!(app.starts_of("long").len(), 1);
+    // Cancelling a finished job is refused.
+    let out = cli(&env, &["jobs", "cancel", "long"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("a finished job cannot be cancelled"),
+        "{}",
+        text(&out)
+    );
+    let out = cli(&env, &["jobs", "cancel", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn a_timed_out_exec_job_leaves_no_process_of_its_tree_alive() {
+    let dir = std::env::temp_dir().join(jobwarden::testkit::unique_name("pids"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "sh -c 'sleep 300 & echo $! >> {d}/pids; wait' & echo $! >> {d}/pids; sleep 300 & echo $! >> {d}/pids; wait",
+        d = dir.display()
+    );
+    let env = TestEnv::new(&format!(
+        "[queues.pdf]\nmax_attempts = 1\ntimeout = \"1s\"\n\
+         handler = {{ kind = \"exec\", command = [\"sh\", \"-c\", {script:?}] }}\n"
+    ))
+    .await;
+    let worker = env.worker(&[]).await;
+    env.publish_raw("pdf", r#"{"id":"slow","payload":{}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            env.status_of("slow").await.as_deref() == Some("dead")
+        })
+        .await
+    );
+    let job = env.store.job_get("slow").await.unwrap().unwrap();
+    assert!(job.last_error.unwrap().contains("timed out after 1s"));
+    let pids: Vec<i32> = std::fs::read_to_string(dir.join("pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 3, "children and grandchild recorded");
+    for pid in pids {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false);
+        assert!(!alive, "process {pid} of the timed-out job is still alive");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn stats_and_views_agree_with_the_jobs_table() {
+    let env = TestEnv::new(
+        "[queues.work]\nmax_attempts = 2\nbackoff = { kind = \"fixed\", base = \"50ms\" }\n\
+         handler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let h = from_fn(|job| async move {
+        match job.payload["kind"].as_str() {
+            Some("flaky") if job.attempt == 1 => Err(JobError::retry("try again")),
+            Some("bad") => Err(JobError::permanent("bad input")),
+            _ => Ok(None),
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    for i in 0..6 {
+        let kind = ["ok", "ok", "ok", "flaky", "bad", "ok"][i];
+        env.publish_raw(
+            "work",
+            format!(r#"{{"id":"s{i}","payload":{{"kind":"{kind}"}}}}"#),
+        )
+        .await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 5 && env.count("dead").await == 1
+        })
+        .await
+    );
+    worker.shutdown().await;
+    let stats = env.store.job_stats().await.unwrap();
+    assert_eq!(stats.len(), 1);
+    let s = &stats[0];
+    assert_eq!((s.queued, s.scheduled, s.processing), (0, 0, 0));
+    assert_eq!((s.completed_24h, s.dead_24h), (5, 1));
+    // 7 attempts ended: 5 completed, 1 retry, 1 dead.
+    assert!((s.retry_rate - 1.0 / 7.0).abs() < 1e-9, "{}", s.retry_rate);
+    assert!(s.p50_run_seconds.is_some() && s.p95_run_seconds >= s.p50_run_seconds);
+    let c = env.store.raw().await.unwrap();
+    let dead: Vec<String> = c
+        .query("SELECT id FROM dead_jobs", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(dead, vec!["s4"]);
+    // A job left running by a stopped owner shows up as stuck.
+    c.batch_execute(
+        "INSERT INTO workers (id, hostname, pid, version, stopped_at) VALUES ('gone-1', 'gone', 1, 'x', now());
+         INSERT INTO jobs (id, queue, payload, status, max_attempts, worker_id, lease, last_activity_at)
+         VALUES ('orphan', 'work', '{}', 'processing', 1, 'gone-1', 1, now())",
+    )
+    .await
+    .unwrap();
+    let stuck: Vec<(String, String)> = c
+        .query("SELECT id, why FROM stuck_jobs", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        stuck,
+        vec![("orphan".to_string(), "owner stopped".to_string())]
+    );
+    let out = cli(&env, &["stats", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["completed_24h"], 5);
+    assert_eq!(v[0]["processing"], 1);
+    let out = cli(&env, &["stats"]);
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(text(&out).contains("work"), "{}", text(&out));
+}
