@@ -57,3 +57,6 @@ WHERE (j.status = 'processing'
             OR w.id IS NULL OR w.stopped_at IS NOT NULL
             OR w.heartbeat_at < now() - interval '15 seconds'))
    OR (j.status = 'queued' AND j.updated_at < now() - interval '5 minutes');
+
+-- A job's own backoff, overriding its queue's (NULL: the queue's).
+ALTER TABLE jobs ADD COLUMN backoff jsonb;

@@ -45,6 +45,26 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The rules a backoff must follow (the config check and message decoding share them).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.base.is_zero() && self.kind != BackoffKind::Fixed {
+            return Err(format!(
+                "base must be above zero for {:?} backoff",
+                self.kind
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(format!("jitter ({}) must be between 0 and 1", self.jitter));
+        }
+        if self.max < self.base {
+            return Err(format!(
+                "max ({:?}) must not be below base ({:?})",
+                self.max, self.base
+            ));
+        }
+        Ok(())
+    }
+
     /// Delay after the failed attempt number `attempt` (1-based), before jitter.
     pub fn delay(&self, attempt: u32) -> Duration {
         let n = attempt.max(1);

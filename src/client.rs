@@ -34,6 +34,8 @@ pub struct EnqueueOptions {
     pub max_attempts: Option<i32>,
     pub timeout: Option<Duration>,
     pub idempotency_key: Option<String>,
+    /// Overrides the queue's backoff for this job.
+    pub backoff: Option<crate::backoff::Backoff>,
 }
 
 #[derive(Clone)]
@@ -99,7 +101,12 @@ impl Client {
             timeout: opts.timeout,
             idempotency_key: opts.idempotency_key.clone(),
             run_at_ms: None,
+            backoff: opts.backoff,
         };
+        if let Some(b) = &new.backoff {
+            b.validate()
+                .map_err(|e| ClientError::Invalid(format!("backoff: {e}")))?;
+        }
         let delay = opts.delay.unwrap_or_default();
         let enq = self.store.job_insert(&new, max_attempts, delay).await?;
         if !enq.created || enq.status != JobStatus::Queued {
@@ -114,6 +121,7 @@ impl Client {
             timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
             idempotency_key: opts.idempotency_key,
             run_at_ms: None,
+            backoff: opts.backoff,
         };
         let published = match self
             .broker

@@ -5,7 +5,7 @@
 //! `JOBWARDEN_WORKER__HOSTNAME`, `JOBWARDEN_QUEUES__EMAIL__CONCURRENCY`.
 //! See `docs/configuration.md` and `examples/jobwarden.toml`.
 
-use crate::backoff::{Backoff, BackoffKind};
+use crate::backoff::Backoff;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
@@ -430,17 +430,8 @@ impl Config {
             if q.timeout.is_zero() {
                 errs.push(format!("queues.{name}.timeout must be above zero"));
             }
-            if q.backoff.base.is_zero() && q.backoff.kind != BackoffKind::Fixed {
-                errs.push(format!(
-                    "queues.{name}.backoff.base must be above zero for {:?} backoff",
-                    q.backoff.kind
-                ));
-            }
-            if !(0.0..=1.0).contains(&q.backoff.jitter) {
-                errs.push(format!(
-                    "queues.{name}.backoff.jitter ({}) must be between 0 and 1",
-                    q.backoff.jitter
-                ));
+            if let Err(e) = q.backoff.validate() {
+                errs.push(format!("queues.{name}.backoff: {e}"));
             }
             match q.handler.as_ref().or(self.handler.as_ref()) {
                 None => errs.push(format!(

@@ -108,6 +108,8 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     /// Unix milliseconds; a job whose run_at is in the future waits as `scheduled`.
     pub run_at_ms: Option<i64>,
+    /// Overrides the queue's backoff for this job.
+    pub backoff: Option<crate::backoff::Backoff>,
 }
 
 /// What the producer side writes (CLI, Rust client, docs). Fields mirror `NewJob`.
@@ -128,6 +130,9 @@ pub struct Envelope {
     /// Unix milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_at_ms: Option<i64>,
+    /// Overrides the queue's backoff, e.g. `{"kind":"exponential","base":"1s","max":"1m"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<crate::backoff::Backoff>,
 }
 
 /// Why a message could not become a job. The text names the field and the fix.
@@ -154,7 +159,8 @@ pub enum InvalidMessage {
 }
 
 /// The envelope fields; an object with `payload` and only these keys is an envelope.
-const ENVELOPE_KEYS: [&str; 7] = [
+const ENVELOPE_KEYS: [&str; 8] = [
+    "backoff",
     "id",
     "payload",
     "priority",
@@ -301,6 +307,7 @@ pub fn decode(
             timeout: None,
             idempotency_key: None,
             run_at_ms: None,
+            backoff: None,
         };
         check_storable(&job.payload)?;
         return Ok(job);
@@ -336,6 +343,25 @@ pub fn decode(
         }
         k => k.map(str::to_string),
     };
+    let backoff = match obj.get("backoff") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value::<crate::backoff::Backoff>(v.clone())
+                .map_err(|e| InvalidMessage::BadValue {
+                    field: "backoff",
+                    reason: format!(
+                        "{e}; expected e.g. {{\"kind\":\"exponential\",\"base\":\"1s\",\"max\":\"10m\"}}"
+                    ),
+                })
+                .and_then(|b| {
+                    b.validate().map_err(|reason| InvalidMessage::BadValue {
+                        field: "backoff",
+                        reason,
+                    })?;
+                    Ok(b)
+                })?,
+        ),
+    };
     let payload = obj.get("payload").cloned().unwrap_or(Value::Null);
     check_storable(&payload)?;
     Ok(NewJob {
@@ -347,6 +373,7 @@ pub fn decode(
         timeout,
         idempotency_key,
         run_at_ms,
+        backoff,
     })
 }
 
@@ -414,6 +441,23 @@ mod tests {
         assert_eq!(job.timeout, Some(Duration::from_millis(1500)));
         assert_eq!(job.idempotency_key.as_deref(), Some("k"));
         assert_eq!(job.run_at_ms, Some(5));
+        let body = br#"{"payload":{},"backoff":{"kind":"linear","base":"2s"}}"#;
+        let b = decode(body, &origin(), 1024).unwrap().backoff.unwrap();
+        assert_eq!(b.delay(3), Duration::from_secs(6));
+        let e = decode(
+            br#"{"payload":{},"backoff":{"kind":"random"}}"#,
+            &origin(),
+            1024,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`backoff` is invalid"), "{e}");
+        let e = decode(
+            br#"{"payload":{},"backoff":{"kind":"fixed","base":"1s","jitter":3}}"#,
+            &origin(),
+            1024,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("jitter"), "{e}");
     }
 
     #[test]

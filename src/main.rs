@@ -62,6 +62,10 @@ enum Command {
         /// Job id (default: a new UUIDv7).
         #[arg(long)]
         id: Option<String>,
+        /// This job's backoff instead of the queue's: KIND:BASE[:MAX], e.g. exponential:1s:10m
+        /// (kinds: fixed, linear, exponential).
+        #[arg(long, value_parser = parse_backoff)]
+        backoff: Option<jobwarden::backoff::Backoff>,
     },
     /// Inspect jobs.
     Jobs {
@@ -116,6 +120,39 @@ enum DlqCommand {
         #[arg(long, value_parser = parse_age)]
         older_than: Duration,
     },
+}
+
+fn parse_backoff(s: &str) -> Result<jobwarden::backoff::Backoff, String> {
+    use jobwarden::backoff::{Backoff, BackoffKind};
+    let usage =
+        "write it as KIND:BASE[:MAX], e.g. exponential:1s:10m (kinds: fixed, linear, exponential)";
+    let mut parts = s.split(':');
+    let kind = match parts.next() {
+        Some("fixed") => BackoffKind::Fixed,
+        Some("linear") => BackoffKind::Linear,
+        Some("exponential") => BackoffKind::Exponential,
+        other => {
+            return Err(format!(
+                "unknown backoff kind {:?}; {usage}",
+                other.unwrap_or("")
+            ))
+        }
+    };
+    let dur = |p: Option<&str>, what: &str| -> Result<Option<Duration>, String> {
+        p.map(|v| humantime::parse_duration(v).map_err(|e| format!("{what} {v:?}: {e}; {usage}")))
+            .transpose()
+    };
+    let base = dur(parts.next(), "base")?.ok_or_else(|| format!("missing base delay; {usage}"))?;
+    let mut b = Backoff {
+        kind,
+        base,
+        ..Backoff::default()
+    };
+    if let Some(max) = dur(parts.next(), "max")? {
+        b.max = max;
+    }
+    b.validate().map_err(|e| format!("{e}; {usage}"))?;
+    Ok(b)
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
@@ -217,6 +254,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             timeout,
             idempotency_key,
             id,
+            backoff,
         } => {
             let config = Config::load_connections(path.as_deref())?;
             let payload: serde_json::Value = serde_json::from_str(&payload).map_err(|e| {
@@ -239,6 +277,7 @@ async fn real_main(cli: Cli) -> Result<()> {
                 max_attempts,
                 timeout,
                 idempotency_key,
+                backoff,
             };
             let enq = client
                 .enqueue(&queue, payload, opts)

@@ -373,3 +373,77 @@ async fn stats_and_views_agree_with_the_jobs_table() {
     println!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(text(&out).contains("work"), "{}", text(&out));
 }
+
+#[tokio::test]
+async fn a_job_can_override_its_queues_backoff_and_timeout() {
+    // The queue waits 10 s between attempts; these jobs bring their own policy.
+    let env = TestEnv::new(
+        "[queues.work]\nmax_attempts = 3\ntimeout = \"30s\"\nbackoff = { kind = \"fixed\", base = \"10s\" }\n\
+         handler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let h = from_fn(|job| async move {
+        if job.payload["sleep"].as_bool() == Some(true) {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Err(JobError::retry("nope"))
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw(
+        "work",
+        r#"{"id":"own","payload":{},"backoff":{"kind":"exponential","base":"200ms"}}"#,
+    )
+    .await;
+    // Through the CLI, stored in PostgreSQL first.
+    let out = cli(
+        &env,
+        &[
+            "enqueue",
+            "work",
+            "{}",
+            "--id",
+            "cli-own",
+            "--backoff",
+            "linear:300ms",
+            "--max-attempts",
+            "3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = cli(
+        &env,
+        &["enqueue", "work", "{}", "--backoff", "sometimes:1s"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("unknown backoff kind"),
+        "{}",
+        text(&out)
+    );
+    env.publish_raw(
+        "work",
+        r#"{"id":"quick","payload":{"sleep":true},"timeout_ms":300,"max_attempts":1}"#,
+    )
+    .await;
+    assert!(
+        wait_for(Duration::from_secs(15), || async {
+            env.count("dead").await == 3
+        })
+        .await,
+        "dead {}",
+        env.count("dead").await
+    );
+    let own = gaps(&env, "own").await;
+    assert!(
+        own.len() == 2 && own[0] < 0.7 && own[1] >= 0.4 && own[1] < 0.9,
+        "{own:?}"
+    );
+    let cli_own = gaps(&env, "cli-own").await;
+    assert!(
+        cli_own.len() == 2 && cli_own[0] >= 0.3 && cli_own[1] >= 0.6 && cli_own[1] < 1.1,
+        "{cli_own:?}"
+    );
+    let quick = env.store.job_get("quick").await.unwrap().unwrap();
+    assert!(quick.last_error.unwrap().contains("timed out after 300ms"));
+    worker.shutdown().await;
+}

@@ -82,6 +82,8 @@ pub enum Claim {
         max_attempts: i32,
         timeout_ms: Option<i32>,
         payload: Option<Value>,
+        /// The job's own backoff, if it has one.
+        backoff: Option<crate::backoff::Backoff>,
     },
     /// The job exists and is not claimable now (terminal, running elsewhere, or waiting).
     NotClaimable(JobStatus),
@@ -324,6 +326,7 @@ impl Store {
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
+        let mut backoffs: Vec<Option<Value>> = Vec::with_capacity(n);
         let (mut maxes, mut timeouts, mut keys, mut run_ats) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -343,6 +346,12 @@ impl Store {
             );
             keys.push(c.job.idempotency_key.as_deref());
             run_ats.push(c.job.run_at_ms);
+            backoffs.push(
+                c.job
+                    .backoff
+                    .as_ref()
+                    .map(|b| serde_json::to_value(b).expect("serialises")),
+            );
         }
         let client = self.client().await?;
         let st = client
@@ -353,7 +362,7 @@ impl Store {
                 &st,
                 &[
                     &worker_id, &ids, &queues, &payloads, &prios, &maxes, &timeouts, &keys,
-                    &run_ats,
+                    &run_ats, &backoffs,
                 ],
             )
             .await?;
@@ -381,6 +390,9 @@ impl Store {
                     max_attempts: r.get(3),
                     timeout_ms: r.get(5),
                     payload: r.get(6),
+                    backoff: r
+                        .get::<_, Option<Value>>(9)
+                        .and_then(|v| serde_json::from_value(v).ok()),
                 }
             } else {
                 Claim::NotClaimable(status)
@@ -539,6 +551,10 @@ impl Store {
             .timeout
             .map(|d| d.as_millis().min(i32::MAX as u128) as i32);
         let delay_ms = delay.as_millis().min(i64::MAX as u128) as i64;
+        let backoff = job
+            .backoff
+            .as_ref()
+            .map(|b| serde_json::to_value(b).expect("a backoff serialises"));
         let row = client
             .query_opt(
                 &st,
@@ -551,6 +567,7 @@ impl Store {
                     &timeout_ms,
                     &job.idempotency_key,
                     &delay_ms,
+                    &backoff,
                 ],
             )
             .await?;

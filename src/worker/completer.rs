@@ -29,6 +29,8 @@ pub struct Finished {
     pub max_attempts: u32,
     pub outcome: Outcome,
     pub acker: Arc<Acker>,
+    /// The job's own backoff, overriding the queue's.
+    pub backoff: Option<crate::backoff::Backoff>,
     pub elapsed: Duration,
 }
 
@@ -140,13 +142,14 @@ impl Completer {
     }
 
     fn decide(&self, f: &Finished) -> SettleInput {
-        let backoff = self
-            .shared
-            .config
-            .queues
-            .get(&f.queue)
-            .map(|q| q.backoff)
-            .unwrap_or_default();
+        let backoff = f.backoff.unwrap_or_else(|| {
+            self.shared
+                .config
+                .queues
+                .get(&f.queue)
+                .map(|q| q.backoff)
+                .unwrap_or_default()
+        });
         let settlement = settle(
             f.outcome.clone(),
             f.attempt,

@@ -36,6 +36,8 @@ pub(crate) struct Owned {
     pub payload: Value,
     pub traceparent: Option<String>,
     pub acker: Arc<Acker>,
+    /// The job's own backoff, overriding the queue's.
+    pub backoff: Option<crate::backoff::Backoff>,
 }
 
 /// Runs the job to its end and sends the outcome to the completer (unless ownership was lost).
@@ -144,6 +146,7 @@ pub(crate) async fn execute(
                 max_attempts: job.max_attempts,
                 outcome,
                 acker: job.acker,
+                backoff: job.backoff,
                 elapsed: started.elapsed(),
             };
             // The completer only goes away at the very end of a shutdown.

@@ -279,6 +279,7 @@ impl Producer {
                     max_attempts,
                     timeout_ms,
                     payload,
+                    backoff,
                 } => {
                     // The pull accounting guarantees a free slot; waiting (rather than
                     // failing) keeps the job safe even if that ever stopped being true.
@@ -326,6 +327,7 @@ impl Producer {
                             .map(|ms| Duration::from_millis(ms.max(1) as u64))
                             .unwrap_or(self.timeout),
                         payload: payload.unwrap_or(input.job.payload),
+                        backoff: backoff.or(input.job.backoff),
                         traceparent,
                         acker: Arc::new(acker),
                     };

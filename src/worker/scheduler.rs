@@ -73,6 +73,8 @@ async fn publish_all(broker: crate::broker::Broker, due: Vec<DueJob>) -> Vec<Str
             timeout_ms: job.timeout_ms.map(|t| t as u64),
             idempotency_key: None,
             run_at_ms: None,
+            // The row keeps the job's own backoff; the claim reads it from there.
+            backoff: None,
         };
         match broker
             .publish_job(&job.queue, &envelope, job.generation)

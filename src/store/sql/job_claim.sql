@@ -9,13 +9,15 @@
 WITH input AS (
     SELECT *
     FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::int2[], $6::int4[], $7::int4[],
-                $8::text[], $9::int8[])
-         AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms)
+                $8::text[], $9::int8[], $10::jsonb[])
+         AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
+              backoff)
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      status, attempts, worker_id, lease, started_at, last_activity_at, scheduled_at)
+                      backoff, status, attempts, worker_id, lease, started_at, last_activity_at, scheduled_at)
     SELECT i.id, i.queue, i.payload, i.priority, i.max_attempts, i.timeout_ms, i.idempotency_key,
+           i.backoff,
            CASE WHEN i.run_at_ms IS NOT NULL AND to_timestamp(i.run_at_ms / 1000.0) > now()
                 THEN 'scheduled' ELSE 'processing' END,
            CASE WHEN i.run_at_ms IS NOT NULL AND to_timestamp(i.run_at_ms / 1000.0) > now()
@@ -24,7 +26,7 @@ inserted AS (
            GREATEST(now(), COALESCE(to_timestamp(i.run_at_ms / 1000.0), now()))
     FROM input i
     ON CONFLICT DO NOTHING
-    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue
+    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue, j.backoff
 ),
 claimed AS (
     UPDATE jobs j
@@ -34,15 +36,17 @@ claimed AS (
     FROM input i
     WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.queue = i.queue
       AND (j.status = 'queued' OR (j.status = 'scheduled' AND j.scheduled_at <= now()))
-    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue
+    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue,
+              j.backoff
 )
 SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb AS payload, true AS fresh,
-       queue
+       queue, backoff
 FROM inserted
 UNION ALL
-SELECT id, status, attempts, max_attempts, lease, timeout_ms, payload, false, queue FROM claimed
+SELECT id, status, attempts, max_attempts, lease, timeout_ms, payload, false, queue, backoff
+FROM claimed
 UNION ALL
 SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false,
-       j.queue
+       j.queue, NULL::jsonb
 FROM jobs j JOIN input i ON i.id = j.id
 WHERE j.id = ANY($2::text[]) AND j.id NOT IN (SELECT id FROM claimed)

@@ -1,10 +1,10 @@
 -- Enqueues a job (CLI, Rust client). A job whose id or idempotency key exists already is not
 -- inserted; the caller then reads the existing one.
 -- $1 id; $2 queue; $3 payload; $4 priority; $5 max_attempts; $6 timeout_ms;
--- $7 idempotency_key; $8 delay (ms, 0 for none).
+-- $7 idempotency_key; $8 delay (ms, 0 for none); $9 backoff (NULL: the queue's).
 INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                  status, scheduled_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7,
+                  backoff, status, scheduled_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $9,
         CASE WHEN $8::int8 > 0 THEN 'scheduled' ELSE 'queued' END,
         now() + $8::int8 * interval '1 millisecond')
 ON CONFLICT DO NOTHING
