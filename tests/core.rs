@@ -277,6 +277,7 @@ async fn progress_reports_update_the_row_and_fenced_writes_of_a_lost_lease_are_r
             timeout: None,
             idempotency_key: None,
             run_at_ms: None,
+            backoff: None,
         },
         max_attempts: 3,
     };
