@@ -401,7 +401,7 @@ async fn every_statement_prepares_against_the_migrated_schema_and_migrate_is_ide
     // Two pods migrating at once: the advisory lock serialises them, neither fails.
     let (a, b) = tokio::join!(env.store.migrate(), env.store.migrate());
     assert_eq!(a.unwrap() + b.unwrap(), 0);
-    assert_eq!(env.store.schema_version().await.unwrap(), 1);
+    assert_eq!(env.store.schema_version().await.unwrap(), 2);
 }
 
 #[tokio::test]
@@ -454,7 +454,7 @@ async fn hot_path_plans_stay_linear_when_statistics_are_stale() {
     let hot = [
         (
             "job_claim",
-            "('w', '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}')",
+            "('w', '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}')",
         ),
         (
             "job_settle",

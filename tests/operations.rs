@@ -196,6 +196,31 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
         "{}",
         text(&out)
     );
+    // A whole queue's dead letters at once.
+    fixed.store(false, Ordering::SeqCst);
+    for id in ["bulk-1", "bulk-2"] {
+        env.publish_raw("work", format!(r#"{{"id":"{id}","payload":{{}}}}"#))
+            .await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("dead").await == 2
+        })
+        .await
+    );
+    fixed.store(true, Ordering::SeqCst);
+    let out = cli(&env, &["dlq", "retry", "--queue", "work", "--all"]);
+    assert!(
+        text(&out).contains("2 dead job(s) of queue work"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.count("completed").await == 3
+        })
+        .await
+    );
     // Purge removes only what is old enough.
     let out = cli(&env, &["dlq", "purge", "--older-than", "30d"]);
     assert!(text(&out).contains("deleted 0"), "{}", text(&out));

@@ -96,14 +96,18 @@ pub(crate) async fn execute(
                     Err(e) => e.into(),
                 }),
                 _ = cancel.cancelled() => {
-                    if stop.load(Ordering::SeqCst) != STOP_SHUTDOWN {
-                        // Ownership lost (or fenced off): drop the handler at once; its
-                        // result could not be recorded anyway.
+                    let shutdown = stop.load(Ordering::SeqCst) == STOP_SHUTDOWN;
+                    // The handler saw the cancel too (exec sends its process group TERM, then
+                    // KILL after a grace; http aborts the request): give it that long to stop
+                    // cleanly. A Rust handler is simply dropped when its job was lost.
+                    if shutdown || handler.enforces_timeout() {
+                        let _ = tokio::time::timeout(RELEASE_WAIT, &mut run).await;
+                    }
+                    if !shutdown {
+                        // Ownership lost (reclaimed, cancelled, fenced off): nothing to record.
                         break None;
                     }
-                    // Shutdown: the handler saw the cancel too (exec sends TERM, then KILL
-                    // after its grace); give it that long to stop, then give the job back.
-                    let _ = tokio::time::timeout(RELEASE_WAIT, &mut run).await;
+                    // Shutdown: give the job back.
                     break Some(Outcome::Released);
                 }
                 _ = &mut deadline => {
