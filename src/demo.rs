@@ -199,11 +199,14 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(if crashed { 500 } else { 100 })).await;
     }
     if let Some(n) = crash_at {
-        println!("the {n} jobs demo-1 had in flight when it was killed were taken back at its restart (outcome `restarted`) and run again");
+        println!("the {n} jobs demo-1 had in flight when it was killed were taken back at its restart (outcome `restarted`) and run again;");
+        println!("messages it had received but not yet claimed came back from JetStream after ack_wait (30 s here)");
     }
 
     println!("\nfinal counts per queue:");
     print_table(&store.job_counts().await?);
+    println!("\njobwarden stats (the job_stats view):");
+    print!("{}", crate::store::format_stats(&store.job_stats().await?));
     println!("\nwhy attempts ended (job_attempts.outcome):");
     let c = store.raw().await?;
     for r in c
@@ -258,10 +261,15 @@ schema = "{schema}"
 [nats]
 url = "{nats}"
 stream = "{stream}"
+# Short for the demo: a message delivered to a worker that is killed before it claims the
+# job comes back after ack_wait (it must stay above stale_after + sweep_every).
+ack_wait = "30s"
 
 [worker]
 api_listen = "127.0.0.1:0"
 migrate = false
+stale_after = "20s"
+sweep_every = "5s"
 
 [queues.email]
 concurrency = 8

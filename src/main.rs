@@ -412,37 +412,7 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!(
-        "{:<12} {:>7} {:>9} {:>10} {:>13} {:>8} {:>13} {:>8} {:>8} {:>7}",
-        "queue",
-        "queued",
-        "scheduled",
-        "processing",
-        "completed 24h",
-        "dead 24h",
-        "oldest queued",
-        "p50 run",
-        "p95 run",
-        "retries"
-    );
-    let secs = |s: Option<f64>| s.map(|v| format!("{v:.3}s")).unwrap_or_else(|| "-".into());
-    for r in rows {
-        println!(
-            "{:<12} {:>7} {:>9} {:>10} {:>13} {:>8} {:>13} {:>8} {:>8} {:>6.1}%",
-            r.queue,
-            r.queued,
-            r.scheduled,
-            r.processing,
-            r.completed_24h,
-            r.dead_24h,
-            r.oldest_queued_seconds
-                .map(|v| format!("{v:.0}s"))
-                .unwrap_or_else(|| "-".into()),
-            secs(r.p50_run_seconds),
-            secs(r.p95_run_seconds),
-            r.retry_rate * 100.0
-        );
-    }
+    print!("{}", jobwarden::store::format_stats(&rows));
     Ok(())
 }
 

@@ -10,7 +10,7 @@ mod liveness;
 mod ops;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Incarnation, Reclaimed};
-pub use ops::QueueStats;
+pub use ops::{format_stats, QueueStats};
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};
