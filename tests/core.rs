@@ -438,11 +438,13 @@ async fn claim_and_settle_queries_use_their_indexes() {
 }
 
 #[tokio::test]
-async fn hot_path_plans_stay_linear_when_statistics_are_stale() {
+async fn hot_path_generic_plans_neither_scan_the_table_nor_loop_over_the_batch() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let c = env.store.raw().await.unwrap();
-    // Analyzed while empty, then grown fast: what a new installation under load looks
-    // like before autovacuum catches up.
+    // Analyzed while empty, then grown fast, as a new installation under load is before
+    // autovacuum catches up. (The bench's worst plans came from a statistics state this does
+    // not fully reproduce; the benchmark at a large backlog is the regression check for
+    // those. This test holds every hot-path statement to the plan shape that stays linear.)
     c.batch_execute(
         "ANALYZE jobs;
          INSERT INTO jobs (id, queue, payload, status, max_attempts, worker_id, lease)
