@@ -60,3 +60,7 @@ WHERE (j.status = 'processing'
 
 -- A job's own backoff, overriding its queue's (NULL: the queue's).
 ALTER TABLE jobs ADD COLUMN backoff jsonb;
+
+-- The W3C trace context the job was published with, passed to every attempt (retries and
+-- recovered jobs too).
+ALTER TABLE jobs ADD COLUMN traceparent text;

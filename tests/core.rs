@@ -280,6 +280,7 @@ async fn progress_reports_update_the_row_and_fenced_writes_of_a_lost_lease_are_r
             backoff: None,
         },
         max_attempts: 3,
+        traceparent: None,
     };
     let claims = env
         .store
@@ -456,7 +457,7 @@ async fn hot_path_generic_plans_neither_scan_the_table_nor_loop_over_the_batch()
     let hot = [
         (
             "job_claim",
-            "('w', '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}')",
+            "('w', '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}')",
         ),
         (
             "job_settle",
@@ -528,5 +529,52 @@ async fn an_id_that_belongs_to_another_queue_is_rejected_not_run() {
         .contains("belongs to a job of queue email"));
     assert_eq!(runs.lock().unwrap().get("shared"), Some(&1));
     env.wait_consumer_drained("pdf").await;
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_trace_context_reaches_every_attempt() {
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let seen = Arc::new(Mutex::new(Vec::<(u32, Option<String>)>::new()));
+    let s = seen.clone();
+    let h = from_fn(move |job| {
+        let s = s.clone();
+        async move {
+            s.lock()
+                .unwrap()
+                .push((job.attempt, job.traceparent.clone()));
+            if job.attempt == 1 {
+                Err(JobError::retry("once more"))
+            } else {
+                Ok(None)
+            }
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", tp);
+    env.broker
+        .js
+        .publish_with_headers(
+            "jobs.work",
+            headers,
+            br#"{"id":"traced","payload":{}}"#.to_vec().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.status_of("traced").await.as_deref() == Some("completed")
+        })
+        .await
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![(1, Some(tp.to_string())), (2, Some(tp.to_string()))]
+    );
     worker.shutdown().await;
 }

@@ -69,6 +69,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 pub struct ClaimInput {
     pub job: NewJob,
     pub max_attempts: i32,
+    /// The message's `traceparent` header, kept with the job for every attempt.
+    pub traceparent: Option<String>,
 }
 
 /// What the claim statement made of one id.
@@ -84,6 +86,8 @@ pub enum Claim {
         payload: Option<Value>,
         /// The job's own backoff, if it has one.
         backoff: Option<crate::backoff::Backoff>,
+        /// The trace context stored with the job.
+        traceparent: Option<String>,
     },
     /// The job exists and is not claimable now (terminal, running elsewhere, or waiting).
     NotClaimable(JobStatus),
@@ -327,6 +331,7 @@ impl Store {
             Vec::with_capacity(n),
         );
         let mut backoffs: Vec<Option<Value>> = Vec::with_capacity(n);
+        let traces: Vec<Option<&str>> = batch.iter().map(|c| c.traceparent.as_deref()).collect();
         let (mut maxes, mut timeouts, mut keys, mut run_ats) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -362,7 +367,7 @@ impl Store {
                 &st,
                 &[
                     &worker_id, &ids, &queues, &payloads, &prios, &maxes, &timeouts, &keys,
-                    &run_ats, &backoffs,
+                    &run_ats, &backoffs, &traces,
                 ],
             )
             .await?;
@@ -393,6 +398,7 @@ impl Store {
                     backoff: r
                         .get::<_, Option<Value>>(9)
                         .and_then(|v| serde_json::from_value(v).ok()),
+                    traceparent: r.get(10),
                 }
             } else {
                 Claim::NotClaimable(status)

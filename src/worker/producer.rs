@@ -217,7 +217,20 @@ impl Producer {
                 Ok(job) => {
                     if seen.insert(job.id.clone()) {
                         let max_attempts = job.max_attempts.unwrap_or(self.max_attempts);
-                        valid.push((ClaimInput { job, max_attempts }, d));
+                        let traceparent = d
+                            .body
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get("traceparent"))
+                            .map(|v| v.as_str().to_string());
+                        valid.push((
+                            ClaimInput {
+                                job,
+                                max_attempts,
+                                traceparent,
+                            },
+                            d,
+                        ));
                     } else {
                         duplicates.push(d);
                     }
@@ -280,6 +293,7 @@ impl Producer {
                     timeout_ms,
                     payload,
                     backoff,
+                    traceparent,
                 } => {
                     // The pull accounting guarantees a free slot; waiting (rather than
                     // failing) keeps the job safe even if that ever stopped being true.
@@ -310,12 +324,7 @@ impl Producer {
                             old.cancel.cancel();
                         }
                     }
-                    let traceparent = d
-                        .body
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get("traceparent"))
-                        .map(|v| v.as_str().to_string());
+                    let traceparent = traceparent.or(input.traceparent);
                     let (_, acker) = d.body.split();
                     let owned = Owned {
                         id: input.job.id,
