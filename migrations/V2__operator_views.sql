@@ -64,3 +64,6 @@ ALTER TABLE jobs ADD COLUMN backoff jsonb;
 -- The W3C trace context the job was published with, passed to every attempt (retries and
 -- recovered jobs too).
 ALTER TABLE jobs ADD COLUMN traceparent text;
+
+-- The worker's pid namespace: a pid can only be probed from the same namespace.
+ALTER TABLE workers ADD COLUMN pid_ns text;

@@ -122,6 +122,33 @@ pub enum Settlement {
     Release,
 }
 
+/// Makes an outcome storable in PostgreSQL: text with NUL characters (an exec's stderr, an
+/// HTTP body) gets them replaced, and a result jsonb cannot hold is kept as text instead.
+pub fn storable(outcome: Outcome) -> Outcome {
+    fn clean(s: String) -> String {
+        if s.contains('\0') {
+            s.replace('\0', "\u{FFFD}")
+        } else {
+            s
+        }
+    }
+    match outcome {
+        Outcome::Success(Some(v)) if crate::job::check_storable(&v).is_err() => {
+            Outcome::Success(Some(serde_json::json!({
+                "unstorable_result": clean(v.to_string())
+            })))
+        }
+        Outcome::Retry { error, retry_after } => Outcome::Retry {
+            error: clean(error),
+            retry_after,
+        },
+        Outcome::Permanent { error } => Outcome::Permanent {
+            error: clean(error),
+        },
+        other => other,
+    }
+}
+
 /// Decides the next state of a job whose attempt number `attempt` (1-based, already counted)
 /// ended with `outcome`, given `max_attempts` and the queue's backoff.
 pub fn settle(
@@ -189,6 +216,31 @@ mod tests {
         assert_eq!(e.delay_jittered(1, 0.0), Duration::from_secs(9));
         assert_eq!(e.delay_jittered(1, 1.0), Duration::from_secs(11));
         assert_eq!(e.delay_jittered(1, 0.5), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn outcomes_are_made_storable() {
+        let out = storable(Outcome::Retry {
+            error: "bad\0byte".into(),
+            retry_after: None,
+        });
+        assert_eq!(
+            out,
+            Outcome::Retry {
+                error: "bad\u{FFFD}byte".into(),
+                retry_after: None
+            }
+        );
+        let out = storable(Outcome::Success(Some(serde_json::json!({"a": "x\u{0}y"}))));
+        let Outcome::Success(Some(v)) = out else {
+            panic!("still a success")
+        };
+        assert!(v["unstorable_result"]
+            .as_str()
+            .unwrap()
+            .contains("x\\u0000y"));
+        let fine = Outcome::Success(Some(serde_json::json!({"a": 1})));
+        assert_eq!(storable(fine.clone()), fine);
     }
 
     #[test]

@@ -17,6 +17,13 @@ pub fn boot_id() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// This process's pid namespace, e.g. "pid:[4026531836]": pids are only comparable within it.
+pub fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
 /// Start time of process `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or
 /// None when no such process exists.
 pub fn proc_start(pid: i32) -> Option<i64> {
@@ -36,17 +43,22 @@ pub fn parse_proc_start(stat: &str) -> Option<i64> {
 ///
 /// - Another boot id: the host rebooted, or — with StatefulSet identities, where Kubernetes
 ///   never runs two pods of one name at once — the pod was replaced: gone.
-/// - Same boot: alive exactly when a process with its pid and start time exists.
-/// - Unknown identity (a row from a platform without /proc): treated as alive; the
-///   heartbeat reaper recovers its jobs instead.
+/// - Same boot and pid namespace: alive exactly when a process with its pid and start time
+///   exists.
+/// - Same boot, another pid namespace (two containers with one hostname on one kernel), or
+///   an unknown identity: its pid cannot be probed from here, so it is treated as alive; the
+///   heartbeat reaper recovers its jobs if it is not.
 pub fn incarnation_alive(
     other: &Incarnation,
     my_boot: Option<&str>,
+    my_pid_ns: Option<&str>,
     probe: impl Fn(i32) -> Option<i64>,
 ) -> bool {
     match (other.boot_id.as_deref(), my_boot, other.proc_start) {
         (Some(theirs), Some(mine), _) if theirs != mine => false,
-        (Some(_), Some(_), Some(start)) => probe(other.pid) == Some(start),
+        (Some(_), Some(_), Some(start)) if other.pid_ns.as_deref() == my_pid_ns => {
+            probe(other.pid) == Some(start)
+        }
         _ => true,
     }
 }
@@ -71,6 +83,7 @@ mod tests {
             pid,
             boot_id: boot.map(str::to_string),
             proc_start: start,
+            pid_ns: Some("pid:[1]".into()),
         }
     }
 
@@ -80,6 +93,7 @@ mod tests {
         assert!(incarnation_alive(
             &inc(Some("b"), 42, Some(1000)),
             Some("b"),
+            Some("pid:[1]"),
             probe
         ));
     }
@@ -91,6 +105,7 @@ mod tests {
         assert!(!incarnation_alive(
             &inc(Some("b"), 1, Some(1000)),
             Some("b"),
+            Some("pid:[1]"),
             probe
         ));
     }
@@ -100,6 +115,7 @@ mod tests {
         assert!(!incarnation_alive(
             &inc(Some("b"), 42, Some(1000)),
             Some("b"),
+            Some("pid:[1]"),
             |_| None
         ));
     }
@@ -109,9 +125,26 @@ mod tests {
         assert!(!incarnation_alive(
             &inc(Some("old"), 42, Some(1)),
             Some("new"),
+            Some("pid:[1]"),
             |_| Some(1)
         ));
-        assert!(incarnation_alive(&inc(None, 42, None), Some("b"), |_| None));
+        assert!(incarnation_alive(
+            &inc(None, 42, None),
+            Some("b"),
+            Some("pid:[1]"),
+            |_| None
+        ));
+    }
+
+    #[test]
+    fn another_pid_namespace_cannot_be_probed_so_it_is_left_alone() {
+        let other = inc(Some("b"), 42, Some(1000));
+        assert!(incarnation_alive(
+            &other,
+            Some("b"),
+            Some("pid:[2]"),
+            |_| None
+        ));
     }
 
     #[test]

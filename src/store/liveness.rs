@@ -23,6 +23,7 @@ pub struct Incarnation {
     pub pid: i32,
     pub boot_id: Option<String>,
     pub proc_start: Option<i64>,
+    pub pid_ns: Option<String>,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -150,6 +151,7 @@ impl Store {
                 pid: r.get(1),
                 boot_id: r.get(2),
                 proc_start: r.get(3),
+                pid_ns: r.get(4),
             })
             .collect())
     }

@@ -289,9 +289,18 @@ impl Store {
             .prepare_cached(include_str!("sql/worker_register.sql"))
             .await?;
         let version = env!("CARGO_PKG_VERSION");
+        let pid_ns = crate::liveness::pid_namespace();
         c.execute(
             &st,
-            &[&id, &hostname, &pid, &version, &boot_id, &proc_start],
+            &[
+                &id,
+                &hostname,
+                &pid,
+                &version,
+                &boot_id,
+                &proc_start,
+                &pid_ns,
+            ],
         )
         .await?;
         Ok(())

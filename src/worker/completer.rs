@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Most attempts settled in one statement.
 const MAX_GROUP: usize = 1024;
@@ -83,6 +83,25 @@ impl Completer {
                     break ids;
                 }
                 Ok(ids) => break ids.into_iter().collect::<HashSet<String>>(),
+                Err(e) if e.rejected_data().is_some() && inputs.len() > 1 => {
+                    // One attempt's data was refused: settle them one by one, so the rest of
+                    // the group (and every later group) is not held up by it.
+                    warn!(cause = %e, "a settle group was refused; settling one by one");
+                    let mut ids = HashSet::new();
+                    for one in &inputs {
+                        if let Some(id) = self.settle_alone(one.clone()).await {
+                            ids.insert(id);
+                        }
+                    }
+                    break ids;
+                }
+                Err(e) if e.rejected_data().is_some() => {
+                    break self
+                        .settle_alone(inputs[0].clone())
+                        .await
+                        .into_iter()
+                        .collect();
+                }
                 Err(e) => {
                     // Nothing is acked until the write commits; keep trying. The messages stay
                     // pending in JetStream meanwhile, so nothing is lost if we die here.
@@ -141,6 +160,38 @@ impl Completer {
         settled.len()
     }
 
+    /// Settles one attempt; if PostgreSQL refuses its result or error, settles it without
+    /// them and says why. Returns the id when settled.
+    async fn settle_alone(&self, one: SettleInput) -> Option<String> {
+        let store = &self.shared.store;
+        let me = &self.shared.worker_id;
+        let mut delay = Duration::from_millis(100);
+        let mut input = one;
+        loop {
+            match store.job_settle(me, std::slice::from_ref(&input)).await {
+                Ok(ids) => return ids.into_iter().next(),
+                Err(e) => match e.rejected_data() {
+                    Some(reason) if input.result.is_some() || input.error.is_some() => {
+                        warn!(job.id = %input.id, %reason, "attempt result not storable; settling without it");
+                        input.result = None;
+                        input.error = Some(format!(
+                            "PostgreSQL could not store this attempt's result or error: {reason}"
+                        ));
+                    }
+                    Some(reason) => {
+                        error!(job.id = %input.id, %reason, "attempt cannot be settled; the stale sweep will take the job back");
+                        return None;
+                    }
+                    None => {
+                        warn!(cause = %e, "settling failed; retrying in {delay:?}");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                },
+            }
+        }
+    }
+
     fn decide(&self, f: &Finished) -> SettleInput {
         let backoff = f.backoff.unwrap_or_else(|| {
             self.shared
@@ -151,7 +202,7 @@ impl Completer {
                 .unwrap_or_default()
         });
         let settlement = settle(
-            f.outcome.clone(),
+            crate::backoff::storable(f.outcome.clone()),
             f.attempt,
             f.max_attempts,
             &backoff,

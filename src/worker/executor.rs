@@ -7,7 +7,7 @@
 //! fence rejects the write the job was taken from us: the attempt is cancelled, nothing is
 //! settled or acked, and the loss is counted (invariant 1).
 
-use super::{completer::Finished, InFlight, Shared, Stats, RELEASE_WAIT, STOP_LOST, STOP_SHUTDOWN};
+use super::{completer::Finished, InFlight, Shared, Stats, RELEASE_WAIT, STOP_SHUTDOWN};
 use crate::backoff::Outcome;
 use crate::handler::{Handler, JobContext, LostOwnership, Progress, ProgressSink};
 use crate::store::StoreError;
@@ -76,7 +76,9 @@ pub(crate) async fn execute(
     // nothing about the job's health, which only progress reports refresh.
     let keepalive_every = (shared.config.nats.ack_wait / 3).max(Duration::from_millis(100));
     let outcome = {
-        let run = handler.handle(&ctx);
+        // A panicking handler is an attempt that failed, not a lost job.
+        let run =
+            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(handler.handle(&ctx)));
         tokio::pin!(run);
         let limit = if handler.enforces_timeout() {
             job.timeout + TIMEOUT_BACKSTOP
@@ -91,24 +93,22 @@ pub(crate) async fn execute(
         );
         loop {
             tokio::select! {
-                res = &mut run => break Some(match res {
-                    Ok(result) => Outcome::Success(result),
-                    Err(e) => e.into(),
-                }),
+                res = &mut run => break Some(outcome_of(res)),
                 _ = cancel.cancelled() => {
                     let shutdown = stop.load(Ordering::SeqCst) == STOP_SHUTDOWN;
                     // The handler saw the cancel too (exec sends its process group TERM, then
                     // KILL after a grace; http aborts the request): give it that long to stop
                     // cleanly. A Rust handler is simply dropped when its job was lost.
+                    let mut late = None;
                     if shutdown || handler.enforces_timeout() {
-                        let _ = tokio::time::timeout(RELEASE_WAIT, &mut run).await;
+                        if let Ok(res) = tokio::time::timeout(RELEASE_WAIT, &mut run).await {
+                            late = Some(outcome_of(res));
+                        }
                     }
-                    if !shutdown {
-                        // Ownership lost (reclaimed, cancelled, fenced off): nothing to record.
-                        break None;
-                    }
-                    // Shutdown: give the job back.
-                    break Some(Outcome::Released);
+                    // Shutdown: give the job back (unless it finished meanwhile). Lost: a
+                    // result that came in anyway goes to the completer, whose fenced write
+                    // rejects and records it as lost ownership.
+                    break if shutdown { late.or(Some(Outcome::Released)) } else { late };
                 }
                 _ = &mut deadline => {
                     cancel.cancel();
@@ -118,8 +118,12 @@ pub(crate) async fn execute(
                     });
                 }
                 _ = keepalive.tick() => {
-                    if let Err(e) = job.acker.ack_with(AckKind::Progress).await {
-                        debug!(job.id = %job.id, cause = %e, "in-progress ack failed");
+                    // Bounded: a disconnected client must not stall the timeout and cancel arms.
+                    let ack = job.acker.ack_with(AckKind::Progress);
+                    match tokio::time::timeout(Duration::from_secs(1), ack).await {
+                        Ok(Err(e)) => debug!(job.id = %job.id, cause = %e, "in-progress ack failed"),
+                        Err(_) => debug!(job.id = %job.id, "in-progress ack timed out"),
+                        Ok(Ok(())) => {}
                     }
                 }
             }
@@ -137,7 +141,6 @@ pub(crate) async fn execute(
     let outcome = match (stop.load(Ordering::SeqCst), outcome) {
         (_, Some(Outcome::Success(r))) => Some(Outcome::Success(r)),
         (STOP_SHUTDOWN, _) => Some(Outcome::Released),
-        (STOP_LOST, _) => None,
         (_, other) => other,
     };
     match outcome {
@@ -165,6 +168,20 @@ pub(crate) async fn execute(
             warn!(job.id = %job.id, job.lease = job.lease, worker.id = %shared.worker_id,
                   "attempt stopped: ownership lost; not settling and not acking");
         }
+    }
+}
+
+/// What a handler's (panic-guarded) future produced.
+fn outcome_of(
+    res: Result<crate::handler::HandlerResult, Box<dyn std::any::Any + Send>>,
+) -> Outcome {
+    match res {
+        Ok(Ok(result)) => Outcome::Success(result),
+        Ok(Err(e)) => e.into(),
+        Err(_) => Outcome::Retry {
+            error: "the handler panicked".into(),
+            retry_after: None,
+        },
     }
 }
 

@@ -37,34 +37,45 @@ impl Heartbeat {
         let w = self.shared.config.worker.clone();
         let mut tick = tokio::time::interval(w.heartbeat_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When the last beat that succeeded was *sent*: the database stamps heartbeat_at at
+        // the start of the statement, so that is what the reaper measures from.
         let mut last_ok = Instant::now();
+        // Each database call may take at most half a beat, so a hanging database cannot
+        // delay the self-fence past the moment others declare this worker dead.
+        let call_limit = w.heartbeat_every / 2;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            self.fence_if_silent(last_ok.elapsed());
+            let sent = Instant::now();
             let beat = tokio::time::timeout(
-                w.heartbeat_every,
+                call_limit,
                 self.shared.store.worker_beat(&self.shared.worker_id),
             )
             .await;
             match beat {
                 Ok(Ok(true)) => {
-                    last_ok = Instant::now();
+                    last_ok = sent;
                     if self.shared.fenced.swap(false, Ordering::SeqCst) {
                         info!(worker.id = %self.shared.worker_id, "heartbeat renewed: taking work again");
                     }
-                    if let Err(e) = self.check_leases().await {
-                        warn!(cause = %e, "lease check failed");
+                    match tokio::time::timeout(call_limit, self.check_leases()).await {
+                        Ok(Err(e)) => warn!(cause = %e, "lease check failed"),
+                        Err(_) => warn!("lease check timed out"),
+                        Ok(Ok(())) => {}
                     }
                 }
                 Ok(Ok(false)) => {
-                    // Declared dead (a long pause, a partition): its jobs were taken.
+                    // Declared dead (a long pause, a partition): its jobs were taken. Take no
+                    // work until registered again.
+                    self.shared.fenced.store(true, Ordering::SeqCst);
                     let n = self.shared.stop_all(STOP_LOST);
                     warn!(worker.id = %self.shared.worker_id, stopped = n,
                           "this worker was declared dead by others; stopping its attempts and registering again");
                     let pid = std::process::id() as i32;
-                    let _ = self
+                    let registered = self
                         .shared
                         .store
                         .worker_register(
@@ -75,21 +86,32 @@ impl Heartbeat {
                             crate::liveness::proc_start(pid),
                         )
                         .await;
-                    last_ok = Instant::now();
-                }
-                Ok(Err(_)) | Err(_) => {
-                    let silent = last_ok.elapsed();
-                    warn!(worker.id = %self.shared.worker_id, silent_for = ?silent, "heartbeat not renewed");
-                    if must_self_fence(silent, w.dead_after, w.heartbeat_every)
-                        && !self.shared.fenced.swap(true, Ordering::SeqCst)
-                    {
-                        let n = self.shared.stop_all(STOP_LOST);
-                        Stats::add(&self.shared.stats.self_fenced, 1);
-                        error!(worker.id = %self.shared.worker_id, stopped = n, silent_for = ?silent,
-                               "cannot renew the heartbeat: stopping all handlers before this worker is declared dead");
+                    match registered {
+                        Ok(()) => {
+                            last_ok = sent;
+                            self.shared.fenced.store(false, Ordering::SeqCst);
+                        }
+                        Err(e) => warn!(cause = %e, "could not register again; still fenced"),
                     }
                 }
+                Ok(Err(_)) | Err(_) => {
+                    warn!(worker.id = %self.shared.worker_id, silent_for = ?last_ok.elapsed(), "heartbeat not renewed");
+                    self.fence_if_silent(last_ok.elapsed());
+                }
             }
+        }
+    }
+
+    /// Fences this worker off when its heartbeat has been silent too long.
+    fn fence_if_silent(&self, silent: std::time::Duration) {
+        let w = &self.shared.config.worker;
+        if must_self_fence(silent, w.dead_after, w.heartbeat_every)
+            && !self.shared.fenced.swap(true, Ordering::SeqCst)
+        {
+            let n = self.shared.stop_all(STOP_LOST);
+            Stats::add(&self.shared.stats.self_fenced, 1);
+            error!(worker.id = %self.shared.worker_id, stopped = n, silent_for = ?silent,
+                   "cannot renew the heartbeat: stopping all handlers before this worker is declared dead");
         }
     }
 

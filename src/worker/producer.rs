@@ -187,8 +187,15 @@ impl Producer {
                 self.claim_and_dispatch(arrived, &mut jobs).await;
             }
         }
-        // Stop fetching; let running jobs finish (the worker bounds this by shutdown_grace).
+        // Stop fetching. Messages already delivered to us go back at once (a job that exists
+        // only as a message would otherwise wait out ack_wait).
+        while let Some(Some(ev)) = pulls.next().now_or_never() {
+            if let PullEvent::Msg(_, m) = ev {
+                let _ = m.ack_with(AckKind::Nak(None)).await;
+            }
+        }
         drop(pulls);
+        // Let running jobs finish (the worker bounds this by shutdown_grace).
         while jobs.join_next().await.is_some() {}
     }
 
@@ -249,7 +256,14 @@ impl Producer {
             return;
         }
         let inputs: Vec<ClaimInput> = valid.iter().map(|(c, _)| c.clone()).collect();
-        let Some(claims) = self.claim(&inputs).await else {
+        // A worker fenced off (or declared dead) claims nothing: hand the messages back.
+        let fenced = self.shared.fenced.load(std::sync::atomic::Ordering::SeqCst);
+        let claims = if fenced {
+            None
+        } else {
+            self.claim(&inputs).await
+        };
+        let Some(claims) = claims else {
             // Not claimed, not acked: hand the messages back for a later try.
             let msgs = valid
                 .into_iter()
@@ -280,9 +294,6 @@ impl Producer {
             };
             let id = format!("{stream}-{}", d.seq);
             invalid.push((d, id, reason));
-        }
-        if !invalid.is_empty() {
-            record_invalid(&self.shared, &self.queue, invalid, false).await;
         }
         for (input, d, claim) in pairs {
             match claim {
@@ -357,6 +368,10 @@ impl Producer {
             }
         }
         self.drop_messages(duplicates).await;
+        // Only now, with every claimed job recorded as owned and running.
+        if !invalid.is_empty() {
+            record_invalid(&self.shared, &self.queue, invalid, false).await;
+        }
     }
 
     /// Claims a group. When one message's data makes PostgreSQL reject the whole statement

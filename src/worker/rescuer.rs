@@ -74,9 +74,10 @@ impl Rescuer {
             }
         };
         let mine = boot_id();
+        let ns = crate::liveness::pid_namespace();
         let gone: Vec<String> = others
             .into_iter()
-            .filter(|o| !incarnation_alive(o, mine.as_deref(), proc_start))
+            .filter(|o| !incarnation_alive(o, mine.as_deref(), ns.as_deref(), proc_start))
             .map(|o| o.id)
             .collect();
         if gone.is_empty() {
