@@ -605,3 +605,22 @@ async fn postgres_and_nats_restarts_lose_nothing() {
     );
     worker.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_second_signal_exits_at_once() {
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(&app.url, "shutdown_grace = \"60s\"\n")).await;
+    let mut a = ChildWorker::spawn(&env.config, "pod-a");
+    publish_held(&env, "stubborn", 1).await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 1 }).await);
+    a.signal(Signal::SIGTERM);
+    // The first signal starts a 60 s drain: the process is still there.
+    assert_eq!(a.wait_exit(Duration::from_millis(700)).await, None);
+    a.signal(Signal::SIGTERM);
+    let code = a.wait_exit(Duration::from_secs(5)).await;
+    assert_eq!(
+        code,
+        Some(130),
+        "a second signal must end the process at once"
+    );
+}
