@@ -67,3 +67,41 @@ ALTER TABLE jobs ADD COLUMN traceparent text;
 
 -- The worker's pid namespace: a pid can only be probed from the same namespace.
 ALTER TABLE workers ADD COLUMN pid_ns text;
+
+-- Takes jobs back from their owner, for every recovery path (the heartbeat reaper, start-up
+-- reconciliation, the stale sweep): each victim still `processing` becomes `scheduled` now
+-- (the scheduler republishes it at once) or `dead` when that attempt was its last (a crash
+-- costs an attempt). The owner is cleared, so its late writes fail the fence, and the
+-- attempt is recorded with the reason. The caller selects and locks the victims.
+CREATE FUNCTION reclaim_jobs(victims text[], reason text)
+RETURNS TABLE (id text, status text, owner text, queue text)
+LANGUAGE sql VOLATILE AS $$
+    WITH v AS (
+        SELECT j.id, j.worker_id AS owner FROM jobs j
+        WHERE j.id = ANY(victims) AND j.status = 'processing'
+    ),
+    r AS (
+        UPDATE jobs j
+        SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
+            scheduled_at = now(),
+            completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+            last_error = format('%s during attempt %s of %s (%s)',
+                CASE reason
+                    WHEN 'owner_dead' THEN format('worker %s stopped heartbeating', v.owner)
+                    WHEN 'restarted' THEN format('worker %s was gone when its host restarted', v.owner)
+                    WHEN 'stale' THEN format('no progress from worker %s since %s', v.owner, j.last_activity_at)
+                    ELSE format('worker %s lost the job', v.owner)
+                END,
+                j.attempts, j.max_attempts, reason),
+            worker_id = NULL,
+            updated_at = now()
+        FROM v
+        WHERE j.id = v.id
+        RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner, j.queue
+    ),
+    history AS (
+        INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
+        SELECT r.id, r.lease, r.attempts, r.owner, r.started_at, reason, r.last_error FROM r
+    )
+    SELECT r.id, r.status, r.owner, r.queue FROM r
+$$;

@@ -23,22 +23,5 @@ victims AS (
              OR (stopped_at IS NULL AND heartbeat_at < now() - $1::int8 * interval '1 millisecond')))
     LIMIT $2
     FOR UPDATE OF j SKIP LOCKED
-),
-r AS (
-    UPDATE jobs j
-    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
-        scheduled_at = now(),
-        completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-        last_error = format('worker %s stopped heartbeating during attempt %s of %s (owner_dead)',
-                            v.owner, j.attempts, j.max_attempts),
-        worker_id = NULL,
-        updated_at = now()
-    FROM victims v
-    WHERE j.id = v.id
-    RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner, j.queue
-),
-history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
-    SELECT id, lease, attempts, owner, started_at, 'owner_dead', last_error FROM r
 )
-SELECT id, status, owner, queue FROM r
+SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'owner_dead'::text)

@@ -10,22 +10,5 @@ WITH victims AS (
       AND j.last_activity_at < now() - COALESCE(q.stale_ms, $1::int8) * interval '1 millisecond'
     LIMIT $5
     FOR UPDATE OF j SKIP LOCKED
-),
-r AS (
-    UPDATE jobs j
-    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
-        scheduled_at = now(),
-        completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-        last_error = format('no progress from worker %s since %s during attempt %s of %s (stale)',
-                            v.owner, j.last_activity_at, j.attempts, j.max_attempts),
-        worker_id = NULL,
-        updated_at = now()
-    FROM victims v
-    WHERE j.id = v.id
-    RETURNING j.id, j.lease, j.attempts, j.started_at, j.status, j.last_error, v.owner, j.queue
-),
-history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
-    SELECT id, lease, attempts, owner, started_at, 'stale', last_error FROM r
 )
-SELECT id, status, owner, queue FROM r
+SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'stale'::text)
