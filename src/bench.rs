@@ -1,5 +1,6 @@
 //! `jobwarden bench`: pushes no-op jobs through a real worker against real servers and prints
-//! throughput, publish-to-handler-start latency percentiles and peak RSS.
+//! throughput, publish-to-handler-start latency percentiles, peak RSS and recovery times
+//! (`bench_recovery`).
 //!
 //! Each run uses its own schema, stream and subject prefix (dropped afterwards), so it can
 //! point at a shared PostgreSQL and nats-server. Phases, for the in-process Rust handler and
@@ -37,6 +38,9 @@ pub struct BenchArgs {
     /// Skip the HTTP handler phases.
     #[arg(long)]
     pub no_http: bool,
+    /// Skip the recovery phase (kill -9 of worker processes; about 30 s).
+    #[arg(long)]
+    pub no_recovery: bool,
     /// Start throwaway nats-server and PostgreSQL instead of the configured ones.
     #[arg(long)]
     pub throwaway: bool,
@@ -131,6 +135,9 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         "peak RSS (worker + bench publisher, one process): {:.1} MiB",
         peak_rss_mib()
     );
+    if !args.no_recovery {
+        crate::bench_recovery::run(&base).await?;
+    }
     Ok(())
 }
 

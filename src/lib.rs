@@ -12,6 +12,7 @@
 pub mod api;
 pub mod backoff;
 pub mod bench;
+mod bench_recovery;
 pub mod broker;
 pub mod client;
 pub mod config;
