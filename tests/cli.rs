@@ -3,26 +3,13 @@
 
 mod common;
 
-use common::{test_database_url, wait_for, TestEnv};
+use common::{test_database_url, text, TestEnv};
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 fn jobwarden(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobwarden"));
-    cmd.args(args).stdin(Stdio::null());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run jobwarden")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    common::run_cli(args, envs)
 }
 
 fn write_config(body: &str) -> tempfile_path::TempPath {
@@ -237,12 +224,7 @@ async fn enqueue_then_show_and_list() {
     let worker = env
         .worker(&[("h", jobwarden::handler::from_fn(|_j| async { Ok(None) }))])
         .await;
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of("cli-1").await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status("cli-1", "completed", 10).await);
     worker.shutdown().await;
 
     let out = jobwarden(&["jobs", "show", "cli-1"], &envs);

@@ -142,12 +142,7 @@ async fn fails_twice_then_succeeds_with_three_attempts_recorded() {
     let worker = env.worker(&[("h", h)]).await;
     env.publish_raw("work", r#"{"id":"flaky","payload":{}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(20), || async {
-            env.status_of("flaky").await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status("flaky", "completed", 20).await);
     let job = env.store.job_get("flaky").await.unwrap().unwrap();
     assert_eq!(job.attempts, 3);
     assert_eq!(job.last_error.as_deref(), Some("flaky failure 2"));
@@ -180,12 +175,7 @@ async fn always_failing_job_ends_dead_after_max_attempts() {
     let worker = env.worker(&[("h", h)]).await;
     env.publish_raw("work", r#"{"id":"doomed","payload":{}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(20), || async {
-            env.status_of("doomed").await.as_deref() == Some("dead")
-        })
-        .await
-    );
+    assert!(env.wait_status("doomed", "dead", 20).await);
     let job = env.store.job_get("doomed").await.unwrap().unwrap();
     assert_eq!(job.attempts, 3);
     let err = job.last_error.unwrap();
@@ -203,12 +193,7 @@ async fn always_failing_job_ends_dead_after_max_attempts() {
         r#"{"id":"bad-address","payload":{"permanent":true}}"#,
     )
     .await;
-    assert!(
-        wait_for(Duration::from_secs(20), || async {
-            env.status_of("bad-address").await.as_deref() == Some("dead")
-        })
-        .await
-    );
+    assert!(env.wait_status("bad-address", "dead", 20).await);
     let job = env.store.job_get("bad-address").await.unwrap().unwrap();
     assert_eq!(
         job.attempts, 1,
@@ -501,20 +486,10 @@ async fn an_id_that_belongs_to_another_queue_is_rejected_not_run() {
     let worker = env.worker(&[("h", h)]).await;
     env.publish_raw("email", r#"{"id":"shared","payload":{"kind":"email"}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of("shared").await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status("shared", "completed", 10).await);
     env.publish_raw("pdf", r#"{"id":"shared","payload":{"kind":"pdf"}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("dead").await == 1
-        })
-        .await
-    );
+    assert!(env.wait_count("dead", 1, 10).await);
     let c = env.store.raw().await.unwrap();
     let row = c
         .query_one(
@@ -565,12 +540,7 @@ async fn the_trace_context_reaches_every_attempt() {
         .unwrap()
         .await
         .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of("traced").await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status("traced", "completed", 10).await);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
         seen,

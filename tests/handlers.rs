@@ -186,23 +186,13 @@ async fn client_enqueue_runs_once_per_idempotency_key_and_delays_wait_in_postgre
         .await
         .unwrap();
     assert_eq!(delayed.status.as_str(), "scheduled");
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of(&a.id).await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status(&a.id, "completed", 10).await);
     // Not before its time.
     assert_eq!(
         env.status_of(&delayed.id).await.as_deref(),
         Some("scheduled")
     );
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of(&delayed.id).await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status(&delayed.id, "completed", 10).await);
     let c = env.store.raw().await.unwrap();
     let waited: f64 = c
         .query_one(

@@ -4,32 +4,12 @@
 
 mod common;
 
-use common::{outcomes, wait_for, ChildWorker, RecordingApp, TestEnv};
+use common::{outcomes, text, wait_for, ChildWorker, RecordingApp, TestEnv};
 use futures::StreamExt;
 use jobwarden::handler::{from_fn, JobError};
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn cli(env: &TestEnv, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jobwarden"))
-        .args(args)
-        .env("JOBWARDEN_DATABASE__URL", common::test_database_url())
-        .env("JOBWARDEN_DATABASE__SCHEMA", &env.config.database.schema)
-        .env("JOBWARDEN_NATS__URL", env.nats.url())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Seconds between consecutive attempt starts of `id`, from the attempts table.
 async fn gaps(env: &TestEnv, id: &str) -> Vec<f64> {
@@ -147,49 +127,39 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
     let worker = env.worker(&[("h", h)]).await;
     env.publish_raw("work", r#"{"id":"mail-9","payload":{}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of("mail-9").await.as_deref() == Some("dead")
-        })
-        .await
-    );
-    let out = cli(&env, &["dlq", "list", "--queue", "work"]);
+    assert!(env.wait_status("mail-9", "dead", 10).await);
+    let out = env.cli(&["dlq", "list", "--queue", "work"]);
     assert!(
         text(&out).contains("mail-9") && text(&out).contains("smtp down"),
         "{}",
         text(&out)
     );
     // Bad input: nothing changes.
-    let out = cli(&env, &["jobs", "retry", "nope"]);
+    let out = env.cli(&["jobs", "retry", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("no job with id \"nope\""),
         "{}",
         text(&out)
     );
-    let out = cli(&env, &["dlq", "retry"]);
+    let out = env.cli(&["dlq", "retry"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let out = cli(&env, &["dlq", "purge", "--older-than", "a while"]);
+    let out = env.cli(&["dlq", "purge", "--older-than", "a while"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("write it like 30d"), "{}", text(&out));
     assert_eq!(env.status_of("mail-9").await.as_deref(), Some("dead"));
 
     fixed.store(true, Ordering::SeqCst);
-    let out = cli(&env, &["dlq", "retry", "mail-9"]);
+    let out = env.cli(&["dlq", "retry", "mail-9"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of("mail-9").await.as_deref() == Some("completed")
-        })
-        .await
-    );
+    assert!(env.wait_status("mail-9", "completed", 10).await);
     assert_eq!(
         outcomes(&env.store, "mail-9").await,
         vec!["retry", "dead", "completed"],
         "history kept"
     );
     // Retrying a job that is not dead is refused.
-    let out = cli(&env, &["jobs", "retry", "mail-9"]);
+    let out = env.cli(&["jobs", "retry", "mail-9"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("is completed, not dead"),
@@ -202,27 +172,17 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
         env.publish_raw("work", format!(r#"{{"id":"{id}","payload":{{}}}}"#))
             .await;
     }
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("dead").await == 2
-        })
-        .await
-    );
+    assert!(env.wait_count("dead", 2, 10).await);
     fixed.store(true, Ordering::SeqCst);
-    let out = cli(&env, &["dlq", "retry", "--queue", "work", "--all"]);
+    let out = env.cli(&["dlq", "retry", "--queue", "work", "--all"]);
     assert!(
         text(&out).contains("2 dead job(s) of queue work"),
         "{}",
         text(&out)
     );
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("completed").await == 3
-        })
-        .await
-    );
+    assert!(env.wait_count("completed", 3, 10).await);
     // Purge removes only what is old enough.
-    let out = cli(&env, &["dlq", "purge", "--older-than", "30d"]);
+    let out = env.cli(&["dlq", "purge", "--older-than", "30d"]);
     assert!(text(&out).contains("deleted 0"), "{}", text(&out));
     worker.shutdown().await;
 }
@@ -237,12 +197,9 @@ async fn cancel_stops_a_job_running_on_another_worker_process_and_keeps_queued_o
     ))
     .await;
     // A delayed job is cancelled before it is due: it never runs.
-    let out = cli(
-        &env,
-        &["enqueue", "work", "{}", "--id", "later", "--delay", "2s"],
-    );
+    let out = env.cli(&["enqueue", "work", "{}", "--id", "later", "--delay", "2s"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let out = cli(&env, &["jobs", "cancel", "later"]);
+    let out = env.cli(&["jobs", "cancel", "later"]);
     assert!(
         text(&out).contains("later cancelled (it was scheduled)"),
         "{}",
@@ -252,7 +209,7 @@ async fn cancel_stops_a_job_running_on_another_worker_process_and_keeps_queued_o
     env.publish_raw("work", r#"{"id":"long","payload":{"hold":true}}"#)
         .await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 1 }).await);
-    let out = cli(&env, &["jobs", "cancel", "long"]);
+    let out = env.cli(&["jobs", "cancel", "long"]);
     assert!(
         text(&out).contains("long cancelled (it was processing"),
         "{}",
@@ -273,14 +230,14 @@ async fn cancel_stops_a_job_running_on_another_worker_process_and_keeps_queued_o
     assert!(app.starts_of("later").is_empty(), "a cancelled job ran");
     assert_eq!(app.starts_of("long").len(), 1);
     // Cancelling a finished job is refused.
-    let out = cli(&env, &["jobs", "cancel", "long"]);
+    let out = env.cli(&["jobs", "cancel", "long"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("a finished job cannot be cancelled"),
         "{}",
         text(&out)
     );
-    let out = cli(&env, &["jobs", "cancel", "nope"]);
+    let out = env.cli(&["jobs", "cancel", "nope"]);
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -300,12 +257,7 @@ async fn a_timed_out_exec_job_leaves_no_process_of_its_tree_alive() {
     let worker = env.worker(&[]).await;
     env.publish_raw("pdf", r#"{"id":"slow","payload":{}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(20), || async {
-            env.status_of("slow").await.as_deref() == Some("dead")
-        })
-        .await
-    );
+    assert!(env.wait_status("slow", "dead", 20).await);
     let job = env.store.job_get("slow").await.unwrap().unwrap();
     assert!(job.last_error.unwrap().contains("timed out after 1s"));
     let pids: Vec<i32> = std::fs::read_to_string(dir.join("pids"))
@@ -390,11 +342,11 @@ async fn stats_and_views_agree_with_the_jobs_table() {
         stuck,
         vec![("orphan".to_string(), "owner stopped".to_string())]
     );
-    let out = cli(&env, &["stats", "--json"]);
+    let out = env.cli(&["stats", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["completed_24h"], 5);
     assert_eq!(v[0]["processing"], 1);
-    let out = cli(&env, &["stats"]);
+    let out = env.cli(&["stats"]);
     println!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(text(&out).contains("work"), "{}", text(&out));
 }
@@ -420,25 +372,19 @@ async fn a_job_can_override_its_queues_backoff_and_timeout() {
     )
     .await;
     // Through the CLI, stored in PostgreSQL first.
-    let out = cli(
-        &env,
-        &[
-            "enqueue",
-            "work",
-            "{}",
-            "--id",
-            "cli-own",
-            "--backoff",
-            "linear:300ms",
-            "--max-attempts",
-            "3",
-        ],
-    );
+    let out = env.cli(&[
+        "enqueue",
+        "work",
+        "{}",
+        "--id",
+        "cli-own",
+        "--backoff",
+        "linear:300ms",
+        "--max-attempts",
+        "3",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let out = cli(
-        &env,
-        &["enqueue", "work", "{}", "--backoff", "sometimes:1s"],
-    );
+    let out = env.cli(&["enqueue", "work", "{}", "--backoff", "sometimes:1s"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("unknown backoff kind"),

@@ -77,12 +77,7 @@ async fn a_worker_killed_and_restarted_under_the_same_hostname_gets_its_jobs_bac
         .unwrap();
     println!("restart with the same hostname: all 5 jobs running again {took:?} after the new process started");
     app.release();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("completed").await == 5
-        })
-        .await
-    );
+    assert!(env.wait_count("completed", 5, 10).await);
     for id in &ids {
         // Taken back by start-up reconciliation (dead_after is the 15 s default here, so
         // the reaper cannot have done it), and the crash cost an attempt.
@@ -108,12 +103,7 @@ async fn live_workers_on_one_host_never_take_each_others_jobs() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(app.start_count(), 3, "a live worker's jobs were taken");
     app.release();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("completed").await == 3
-        })
-        .await
-    );
+    assert!(env.wait_count("completed", 3, 10).await);
     for id in &ids {
         assert_eq!(outcomes(&env.store, id).await, vec!["completed"]);
     }
@@ -153,12 +143,7 @@ async fn a_worker_killed_for_good_has_its_jobs_run_elsewhere_with_default_settin
         assert!(starts[1].worker.starts_with("pod-b-"), "{starts:?}");
     }
     app.release();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("completed").await == 4
-        })
-        .await
-    );
+    assert!(env.wait_count("completed", 4, 10).await);
     for id in &ids {
         assert_eq!(
             outcomes(&env.store, id).await,
@@ -186,12 +171,7 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
     );
     // B finishes them; A's held requests are answered too, but A is still stopped.
     app.release();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("completed").await == 3
-        })
-        .await
-    );
+    assert!(env.wait_count("completed", 3, 10).await);
     a.signal(Signal::SIGCONT);
     // A wakes up with three results it can no longer record.
     assert!(
@@ -381,12 +361,7 @@ async fn sigterm_finishes_short_jobs_releases_long_ones_and_exits_cleanly() {
         .collect();
     println!("SIGTERM: process exited after {exited:?} (grace 1s); long jobs started elsewhere after {restarted:?}");
     app.release();
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.count("completed").await == 5
-        })
-        .await
-    );
+    assert!(env.wait_count("completed", 5, 10).await);
     for i in 0..3 {
         assert_eq!(
             outcomes(&env.store, &format!("short-{i}")).await,
@@ -464,12 +439,7 @@ async fn drain_endpoint_releases_running_jobs_and_turns_unready() {
     let worker = env.worker(&[("h", h)]).await;
     env.publish_raw("work", r#"{"id":"drained","payload":{}}"#)
         .await;
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            env.status_of("drained").await.as_deref() == Some("processing")
-        })
-        .await
-    );
+    assert!(env.wait_status("drained", "processing", 10).await);
     let base = format!("http://{}", worker.api_addr);
     let http = reqwest::Client::new();
     assert_eq!(

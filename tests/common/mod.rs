@@ -115,6 +115,34 @@ impl TestEnv {
         self.store.job_get(id).await.unwrap().map(|j| j.status)
     }
 
+    /// Waits up to `secs` for `n` jobs with `status`.
+    pub async fn wait_count(&self, status: &str, n: i64, secs: u64) -> bool {
+        wait_for(Duration::from_secs(secs), || async {
+            self.count(status).await == n
+        })
+        .await
+    }
+
+    /// Waits up to `secs` for job `id` to reach `status`.
+    pub async fn wait_status(&self, id: &str, status: &str, secs: u64) -> bool {
+        wait_for(Duration::from_secs(secs), || async {
+            self.status_of(id).await.as_deref() == Some(status)
+        })
+        .await
+    }
+
+    /// Runs the `jobwarden` binary against this environment's schema and servers.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        run_cli(
+            args,
+            &[
+                ("JOBWARDEN_DATABASE__URL", &test_database_url()),
+                ("JOBWARDEN_DATABASE__SCHEMA", &self.config.database.schema),
+                ("JOBWARDEN_NATS__URL", &self.nats.url()),
+            ],
+        )
+    }
+
     /// Messages the queue's consumer still holds (not yet delivered + delivered, unacked).
     pub async fn consumer_backlog(&self, queue: &str) -> (u64, usize) {
         let mut c = self.broker.consumer(queue).await.unwrap();
@@ -356,4 +384,23 @@ pub async fn outcomes(store: &Store, id: &str) -> Vec<String> {
         .into_iter()
         .map(|a| a.outcome)
         .collect()
+}
+
+/// Runs the `jobwarden` binary with extra environment variables and no standard input.
+pub fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"));
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run jobwarden")
+}
+
+/// Standard output and error of a finished command, as text.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
