@@ -126,7 +126,7 @@ jw_find_nats() {
     return 1
 }
 
-# Directory holding initdb and pg_ctl, searched like src/testkit.rs does:
+# Directory holding initdb and pg_ctl, searched like src/bin/jobwarden/testkit.rs does:
 # `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin, else PATH.
 jw_find_pg_bin() {
     local d best="" v bestv=-1 p

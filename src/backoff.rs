@@ -125,19 +125,11 @@ pub enum Settlement {
 /// Makes an outcome storable in PostgreSQL: text with NUL characters (an exec's stderr, an
 /// HTTP body) gets them replaced, and a result jsonb cannot hold is kept as text instead.
 pub fn storable(outcome: Outcome) -> Outcome {
-    fn clean(s: String) -> String {
-        if s.contains('\0') {
-            s.replace('\0', "\u{FFFD}")
-        } else {
-            s
-        }
-    }
+    use crate::jsonb::{clean_text as clean, has_nul};
     match outcome {
-        Outcome::Success(Some(v)) if crate::job::check_storable(&v).is_err() => {
-            Outcome::Success(Some(serde_json::json!({
-                "unstorable_result": clean(v.to_string())
-            })))
-        }
+        Outcome::Success(Some(v)) if has_nul(&v) => Outcome::Success(Some(serde_json::json!({
+            "unstorable_result": clean(v.to_string())
+        }))),
         Outcome::Retry { error, retry_after } => Outcome::Retry {
             error: clean(error),
             retry_after,

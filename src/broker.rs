@@ -1,23 +1,156 @@
-//! JetStream: connection, idempotent provisioning of the stream and per-queue consumers, and
+//! JetStream: connection, idempotent provisioning of the stream and per-lane consumers, and
 //! publishing jobs.
 //!
-//! Subject scheme (chosen so priority bands fit later without breaking producers):
-//! - `<prefix>.<queue>` — a job for `queue` at the default priority. Plain producers publish
-//!   here, with or without an envelope.
-//! - `<prefix>.<queue>.<p>` (p = 0…9) — reserved for priority bands. These filters do not
-//!   overlap the bare subject, so each band can get its own durable consumer on the
+//! Subject scheme — a queue has eleven delivery **lanes** ([`Lane`]):
+//! - `<prefix>.<queue>` — the bare subject: a job at the default priority (5). Plain
+//!   producers publish here, with or without an envelope.
+//! - `<prefix>.<queue>.<p>` (p = 0…9, 0 first) — a priority band. These filters do not overlap
+//!   the bare subject (nor each other), so each lane gets its own durable consumer on the
 //!   work-queue stream (JetStream 2.9 forbids overlapping filters there).
 //!
-//! One durable pull consumer per queue (`jobwarden-<queue>`), shared by every pod: explicit
-//! ack, `max_deliver` -1 (Postgres counts attempts, not the broker), no backoff list, and
-//! `ack_wait` above stale_after + sweep_every (invariant 5).
+//! One durable pull consumer per lane (`jobwarden-<queue>` for the bare subject,
+//! `jobwarden-<queue>~p<p>` for band p; `~` cannot occur in a queue name, so no two lanes of
+//! any queues share a name), shared by every pod: explicit ack, `max_deliver` -1 (Postgres
+//! counts attempts, not the broker), no backoff list, and `ack_wait` above stale_after +
+//! sweep_every (invariant 5). No other consumer is ever created: the janitor and the adopter
+//! read the stream directly (`STREAM.MSG.GET` with `next_by_subj`, NATS 2.9+), so nothing of
+//! theirs can overlap a lane's filter on the work-queue stream.
+//!
+//! Every call to the server is bounded in time ([`BROKER_CALL_LIMIT`]): a NATS outage must
+//! never hold up work that only needs PostgreSQL.
 
 use crate::config::NatsConfig;
-use crate::job::Envelope;
+use crate::job::{Envelope, DEFAULT_PRIORITY};
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::HeaderMap;
-use std::time::Duration;
-use tracing::info;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+use tracing::{info, warn};
+
+/// The longest any single request to the NATS server may take (a publish waiting for the
+/// stream's answer, a consumer or stream info, a read of one message).
+pub const BROKER_CALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long a pod waits before re-creating a stream or consumer it finds gone.
+const RECREATE_AFTER: Duration = Duration::from_secs(2);
+
+/// Consumers older versions of the janitor created (and may have left behind when killed
+/// mid-round). Never a queue's consumer: those are `jobwarden-<queue>`, and a queue named
+/// `orphans-x` is told apart by its filter (`is_janitor_leftover`).
+const OLD_JANITOR_PREFIX: &str = "jobwarden-orphans-";
+
+/// Where a queue's consumer stands in the stream, for broker-loss repair: a queued job whose
+/// message has a sequence at or below `gone_upto` was delivered (or purged); none above
+/// `last_seq` exists; messages stored before `created` belong to an earlier incarnation of
+/// the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamPosition {
+    pub gone_upto: u64,
+    pub last_seq: u64,
+    pub created: SystemTime,
+    /// Messages delivered and not acked yet (the adopter scans them).
+    pub ack_pending: usize,
+    /// Highest stream sequence acked contiguously.
+    pub ack_floor: u64,
+    /// Highest stream sequence delivered.
+    pub delivered: u64,
+    /// Messages on the queue's subject not delivered yet.
+    pub undelivered: u64,
+}
+
+/// One delivery lane of a queue: its bare subject (`band: None`, the default priority) or a
+/// priority band `<prefix>.<queue>.<p>`. Workers pull from the highest-priority lane that has
+/// messages; the scheduler, the CLI and the client publish a job to the lane of its priority
+/// ([`Lane::of`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lane {
+    pub queue: String,
+    pub band: Option<u8>,
+}
+
+impl Lane {
+    /// The queue's bare subject (default priority).
+    pub fn bare(queue: &str) -> Lane {
+        Lane {
+            queue: queue.to_string(),
+            band: None,
+        }
+    }
+
+    /// The lane a job of `priority` is published to: the bare subject for the default
+    /// priority, its band otherwise.
+    pub fn of(queue: &str, priority: i16) -> Lane {
+        Lane {
+            queue: queue.to_string(),
+            band: (priority != DEFAULT_PRIORITY && (0..=9).contains(&priority))
+                .then_some(priority as u8),
+        }
+    }
+
+    /// Every lane of a queue, highest priority first (the bare subject right before band 5,
+    /// which has the same priority).
+    pub fn all(queue: &str) -> Vec<Lane> {
+        let mut lanes: Vec<Lane> = (0..=9u8)
+            .map(|p| Lane {
+                queue: queue.to_string(),
+                band: Some(p),
+            })
+            .collect();
+        lanes.insert(DEFAULT_PRIORITY as usize, Lane::bare(queue));
+        lanes
+    }
+
+    /// The priority of the lane's jobs (0 first).
+    pub fn priority(&self) -> i16 {
+        self.band.map(i16::from).unwrap_or(DEFAULT_PRIORITY)
+    }
+
+    /// The lane's durable consumer.
+    pub fn consumer_name(&self) -> String {
+        match self.band {
+            None => format!("jobwarden-{}", self.queue),
+            Some(p) => format!("jobwarden-{}~p{p}", self.queue),
+        }
+    }
+
+    /// The lane's subject under `prefix`.
+    pub fn subject(&self, prefix: &str) -> String {
+        match self.band {
+            None => format!("{prefix}.{}", self.queue),
+            Some(p) => format!("{prefix}.{}.{p}", self.queue),
+        }
+    }
+}
+
+impl std::fmt::Display for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.band {
+            None => write!(f, "{}", self.queue),
+            Some(p) => write!(f, "{} (band {p})", self.queue),
+        }
+    }
+}
+
+/// A message read straight from the stream.
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    pub subject: String,
+    pub seq: u64,
+    pub stored_ns: i128,
+    pub headers: HeaderMap,
+    pub payload: bytes::Bytes,
+}
+
+/// Nanoseconds since the Unix epoch of a NATS timestamp.
+pub fn unix_nanos(t: &async_nats::datetime::DateTime) -> i128 {
+    t.unix_timestamp_nanos()
+}
+
+/// A NATS timestamp as a `SystemTime`.
+pub fn system_time(t: &async_nats::datetime::DateTime) -> SystemTime {
+    let ns = unix_nanos(t).max(0) as u128;
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(ns.min(u64::MAX as u128) as u64)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -31,6 +164,32 @@ pub enum BrokerError {
     Consumer { consumer: String, cause: String },
     #[error("publish to {subject} failed: {cause}")]
     Publish { subject: String, cause: String },
+    /// A message the server can never take: over its max_payload.
+    #[error("the message for job {id} is {size} bytes with its headers, over the NATS server's max_payload of {limit} bytes; store large data elsewhere and pass a reference in the payload")]
+    TooLarge {
+        id: String,
+        size: usize,
+        limit: usize,
+    },
+    #[error("{what}: no answer from the NATS server within {}s", BROKER_CALL_LIMIT.as_secs())]
+    TimedOut { what: String },
+}
+
+/// Runs one server call, giving up after [`BROKER_CALL_LIMIT`].
+pub async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    call: impl Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(BROKER_CALL_LIMIT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(BrokerError::Stream {
+            stream: what.to_string(),
+            cause: e.to_string(),
+        }),
+        Err(_) => Err(BrokerError::TimedOut {
+            what: what.to_string(),
+        }),
+    }
 }
 
 pub type Result<T, E = BrokerError> = std::result::Result<T, E>;
@@ -101,8 +260,11 @@ impl Broker {
         let (major, minor) = parse_version(&v);
         let newer = (major, minor) >= (2, 10);
         format!(
-            "nats-server {v}: using JetStream work-queue stream, durable pull consumers, \
-             explicit acks, in-progress acks, message dedup (Nats-Msg-Id); {}",
+            "nats-server {v} (max_payload {} bytes): using JetStream work-queue stream, durable \
+             pull consumers with max_bytes pulls, explicit and in-progress acks, message dedup \
+             (Nats-Msg-Id), STREAM.MSG.GET next_by_subj and MSG.DELETE (adoption, unserved \
+             subjects), all available since 2.9; {}",
+            self.max_payload(),
             if newer {
                 "2.10+ detected (term reasons available; not required)"
             } else {
@@ -115,14 +277,28 @@ impl Broker {
         &self.cfg.stream
     }
 
-    /// The subject a queue's default-priority jobs are published to.
-    pub fn subject(&self, queue: &str) -> String {
-        format!("{}.{}", self.cfg.subject_prefix, queue)
+    /// The largest message the server takes (payload plus headers).
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
     }
 
-    /// The durable consumer name of a queue.
-    pub fn consumer_name(queue: &str) -> String {
-        format!("jobwarden-{queue}")
+    /// The subject prefix (`jobs`).
+    pub fn subject_prefix(&self) -> &str {
+        &self.cfg.subject_prefix
+    }
+
+    fn is_janitor_consumer(&self, name: &str, filter: &str) -> bool {
+        is_janitor_leftover(&self.cfg.subject_prefix, name, filter)
+    }
+
+    /// The subject a queue's default-priority jobs are published to.
+    pub fn subject(&self, queue: &str) -> String {
+        Lane::bare(queue).subject(&self.cfg.subject_prefix)
+    }
+
+    /// The subject of a lane.
+    pub fn lane_subject(&self, lane: &Lane) -> String {
+        lane.subject(&self.cfg.subject_prefix)
     }
 
     /// Creates the stream if missing, or updates the settings jobwarden owns (subjects,
@@ -179,64 +355,138 @@ impl Broker {
         Ok(())
     }
 
-    /// Creates or updates a queue's durable pull consumer.
-    pub async fn provision_consumer(&self, queue: &str) -> Result<consumer::PullConsumer> {
-        let name = Self::consumer_name(queue);
+    /// Creates or updates a queue's durable pull consumer. A consumer an older janitor left
+    /// on the same subject (killed mid-round) would make the work-queue stream refuse it
+    /// ("filtered consumer not unique"): such leftovers are deleted and the creation retried.
+    pub async fn provision_consumer(&self, lane: &Lane) -> Result<consumer::PullConsumer> {
+        let name = lane.consumer_name();
+        let subject = self.lane_subject(lane);
         let stream = self.stream().await?;
+        let config = consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: subject.clone(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.cfg.ack_wait,
+            max_deliver: -1,
+            max_ack_pending: self.cfg.max_ack_pending,
+            max_waiting: 512,
+            ..Default::default()
+        };
+        let err = |cause: String| BrokerError::Consumer {
+            consumer: name.clone(),
+            cause,
+        };
+        match stream.create_consumer(config.clone()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.to_string().contains("not unique") => {
+                let cleared = self.clear_janitor_consumers(&stream, &subject).await;
+                if cleared == 0 {
+                    return Err(err(format!(
+                        "{e}; another consumer on the stream filters {subject}: remove it \
+                         (work-queue streams allow one consumer per subject)"
+                    )));
+                }
+            }
+            Err(e) => return Err(err(e.to_string())),
+        }
         stream
-            .create_consumer(consumer::pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: self.subject(queue),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: self.cfg.ack_wait,
-                max_deliver: -1,
-                max_ack_pending: self.cfg.max_ack_pending,
-                max_waiting: 512,
-                ..Default::default()
-            })
+            .create_consumer(config)
             .await
-            .map_err(|e| BrokerError::Consumer {
-                consumer: name,
-                cause: e.to_string(),
-            })
+            .map_err(|e| err(e.to_string()))
+    }
+
+    /// Deletes consumers an older janitor left on `subject`; returns how many.
+    async fn clear_janitor_consumers(&self, stream: &stream::Stream, subject: &str) -> usize {
+        use futures::TryStreamExt;
+        let infos: Vec<consumer::Info> = match stream.consumers().try_collect().await {
+            Ok(i) => i,
+            Err(e) => {
+                warn!(cause = %e, "cannot list the stream's consumers");
+                return 0;
+            }
+        };
+        let mut n = 0;
+        for c in infos {
+            let filter = c.config.filter_subject.as_str();
+            if filter == subject
+                && self.is_janitor_consumer(&c.name, filter)
+                && stream.delete_consumer(&c.name).await.is_ok()
+            {
+                warn!(consumer = %c.name, %subject, "deleted a consumer an older janitor left behind");
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Gets a queue's existing consumer (when provisioning is off).
-    pub async fn consumer(&self, queue: &str) -> Result<consumer::PullConsumer> {
-        let name = Self::consumer_name(queue);
-        self.stream()
-            .await?
-            .get_consumer(&name)
-            .await
-            .map_err(|e| BrokerError::Consumer {
+    pub async fn consumer(&self, lane: &Lane) -> Result<consumer::PullConsumer> {
+        let name = lane.consumer_name();
+        let stream = self.stream().await?;
+        let get = tokio::time::timeout(BROKER_CALL_LIMIT, stream.get_consumer(&name));
+        match get.await {
+            Ok(r) => r.map_err(|e| BrokerError::Consumer {
                 consumer: name.clone(),
                 cause: format!(
                     "{e}; create it (filter {}) or enable nats.provision",
-                    self.subject(queue)
+                    self.lane_subject(lane)
                 ),
-            })
+            }),
+            Err(_) => Err(BrokerError::TimedOut {
+                what: format!("consumer {name}"),
+            }),
+        }
+    }
+
+    /// The queue's consumer, created again (with the stream, if that is gone too) when an
+    /// operator deleted it and provisioning is on.
+    pub async fn consumer_or_provision(&self, lane: &Lane) -> Result<consumer::PullConsumer> {
+        match self.consumer(lane).await {
+            Ok(c) => Ok(c),
+            Err(e) if self.cfg.provision && !matches!(e, BrokerError::TimedOut { .. }) => {
+                warn!(%lane, cause = %e, "the lane's consumer is gone; provisioning it again");
+                // A stream deleted a moment ago is still being removed on the server, and
+                // nats-server 2.9 breaks a stream created again before that is done (its
+                // consumers can no longer read its messages). Wait, with jitter so pods do
+                // not race each other, and let an operator's own re-creation win.
+                let jitter = Duration::from_millis(rand::random::<u64>() % 1000);
+                tokio::time::sleep(RECREATE_AFTER + jitter).await;
+                let again = async {
+                    self.provision_stream().await?;
+                    self.provision_consumer(lane).await
+                };
+                match tokio::time::timeout(2 * BROKER_CALL_LIMIT, again).await {
+                    Ok(r) => r,
+                    Err(_) => Err(BrokerError::TimedOut {
+                        what: format!("provisioning queue {lane}"),
+                    }),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn stream(&self) -> Result<stream::Stream> {
-        self.js
-            .get_stream(&self.cfg.stream)
-            .await
-            .map_err(|e| BrokerError::Stream {
+        let get = tokio::time::timeout(BROKER_CALL_LIMIT, self.js.get_stream(&self.cfg.stream));
+        match get.await {
+            Ok(r) => r.map_err(|e| BrokerError::Stream {
                 stream: self.cfg.stream.clone(),
                 cause: format!("{e}; create it or enable nats.provision"),
-            })
+            }),
+            Err(_) => Err(BrokerError::TimedOut {
+                what: format!("stream {}", self.cfg.stream),
+            }),
+        }
     }
 
-    /// Publishes a job envelope with `Nats-Msg-Id: <id>:<generation>` and waits for the
-    /// stream's acknowledgement. A new generation per republish keeps JetStream's duplicate
-    /// window from silently dropping a legitimate republish.
-    pub async fn publish_job(
+    /// The encoded message of a job envelope with `Nats-Msg-Id: <id>:<generation>`, checked
+    /// against the server's max_payload (a message over it can never be published:
+    /// [`BrokerError::TooLarge`]).
+    pub fn job_message(
         &self,
-        queue: &str,
         envelope: &Envelope,
         generation: i32,
-    ) -> Result<jetstream::context::PublishAckFuture> {
-        let subject = self.subject(queue);
+    ) -> Result<(HeaderMap, bytes::Bytes)> {
         let body = serde_json::to_vec(envelope).expect("an envelope always serialises");
         let mut headers = HeaderMap::new();
         if let Some(id) = &envelope.id {
@@ -245,14 +495,146 @@ impl Broker {
                 format!("{id}:{generation}").as_str(),
             );
         }
-        self.js
-            .publish_with_headers(subject.clone(), headers, body.into())
-            .await
-            .map_err(|e| BrokerError::Publish {
+        // Headers travel in the same frame and count against max_payload.
+        // As async-nats counts them: "NATS/1.0\r\n", each "Name: value\r\n", then "\r\n".
+        let header_len = if headers.is_empty() {
+            0
+        } else {
+            let mut n = 12;
+            for (name, values) in headers.iter() {
+                let name: &str = name.as_ref();
+                n += values
+                    .iter()
+                    .map(|v| name.len() + v.as_str().len() + 4)
+                    .sum::<usize>();
+            }
+            n
+        };
+        let size = body.len() + header_len;
+        let limit = self.max_payload();
+        if size > limit {
+            return Err(BrokerError::TooLarge {
+                id: envelope.id.clone().unwrap_or_default(),
+                size,
+                limit,
+            });
+        }
+        Ok((headers, body.into()))
+    }
+
+    /// Publishes a job envelope with `Nats-Msg-Id: <id>:<generation>` and returns the
+    /// stream's acknowledgement future. A new generation per republish keeps JetStream's
+    /// duplicate window from silently dropping a legitimate republish. The send is bounded;
+    /// the caller bounds its wait for the acknowledgement.
+    pub async fn publish_job(
+        &self,
+        queue: &str,
+        envelope: &Envelope,
+        generation: i32,
+    ) -> Result<jetstream::context::PublishAckFuture> {
+        let priority = envelope.priority.unwrap_or(DEFAULT_PRIORITY);
+        let subject = self.lane_subject(&Lane::of(queue, priority));
+        let (headers, body) = self.job_message(envelope, generation)?;
+        let send = self.js.publish_with_headers(subject.clone(), headers, body);
+        match tokio::time::timeout(BROKER_CALL_LIMIT, send).await {
+            Ok(r) => r.map_err(|e| BrokerError::Publish {
                 subject,
                 cause: e.to_string(),
-            })
+            }),
+            Err(_) => Err(BrokerError::TimedOut {
+                what: format!("publish to {subject}"),
+            }),
+        }
     }
+
+    /// Publishes a job and waits (bounded) for the stream to confirm it.
+    pub async fn publish_job_confirmed(
+        &self,
+        queue: &str,
+        envelope: &Envelope,
+        generation: i32,
+    ) -> Result<jetstream::publish::PublishAck> {
+        let ack = self.publish_job(queue, envelope, generation).await?;
+        let priority = envelope.priority.unwrap_or(DEFAULT_PRIORITY);
+        bounded(
+            &format!(
+                "publish to {}",
+                self.lane_subject(&Lane::of(queue, priority))
+            ),
+            std::future::IntoFuture::into_future(ack),
+        )
+        .await
+    }
+
+    /// Where a lane's consumer stands in the stream (see [`StreamPosition`]).
+    pub async fn stream_position(&self, lane: &Lane) -> Result<StreamPosition> {
+        let mut consumer = self.consumer(lane).await?;
+        let info = bounded("consumer info", consumer.info()).await?.clone();
+        let mut stream = self.stream().await?;
+        let sinfo = bounded("stream info", stream.info()).await?;
+        let first = sinfo.state.first_sequence;
+        // Nothing left to deliver: every message of the subject up to the end was delivered
+        // (or purged, e.g. by a purge filtered on the subject, which moves no first sequence).
+        let gone_upto = if info.num_pending == 0 {
+            sinfo.state.last_sequence
+        } else {
+            info.delivered.stream_sequence.max(first.saturating_sub(1))
+        };
+        Ok(StreamPosition {
+            gone_upto,
+            last_seq: sinfo.state.last_sequence,
+            created: system_time(&sinfo.created),
+            ack_pending: info.num_ack_pending,
+            ack_floor: info.ack_floor.stream_sequence,
+            delivered: info.delivered.stream_sequence,
+            undelivered: info.num_pending,
+        })
+    }
+
+    /// The first message on `subject` at or after sequence `from`, read straight from the
+    /// stream (no consumer involved); `None` when there is none.
+    pub async fn first_message(
+        &self,
+        stream: &stream::Stream,
+        subject: &str,
+        from: u64,
+    ) -> Result<Option<StoredMessage>> {
+        let got = tokio::time::timeout(
+            BROKER_CALL_LIMIT,
+            stream.get_first_raw_message_by_subject(subject, from.max(1)),
+        )
+        .await
+        .map_err(|_| BrokerError::TimedOut {
+            what: format!("read of {subject} from sequence {from}"),
+        })?;
+        match got {
+            Ok(m) => Ok(Some(StoredMessage {
+                subject: m.subject.to_string(),
+                seq: m.sequence,
+                stored_ns: unix_nanos(&m.time),
+                headers: m.headers,
+                payload: m.payload,
+            })),
+            Err(e) if e.to_string().contains("no message found") => Ok(None),
+            Err(e) => Err(BrokerError::Stream {
+                stream: self.cfg.stream.clone(),
+                cause: format!("read of {subject} from sequence {from}: {e}"),
+            }),
+        }
+    }
+
+    /// Deletes one message from the stream (bounded).
+    pub async fn delete_message(&self, stream: &stream::Stream, seq: u64) -> Result<bool> {
+        bounded("delete message", stream.delete_message(seq)).await
+    }
+}
+
+/// Is consumer `name` with filter `filter` one an older janitor created (and may have left
+/// behind)? A queue named `orphans-x` has the consumer `jobwarden-orphans-x` too, but its
+/// filter is `<prefix>.orphans-x`, so it is never taken for one.
+fn is_janitor_leftover(prefix: &str, name: &str, filter: &str) -> bool {
+    name.strip_prefix(OLD_JANITOR_PREFIX)
+        .is_some_and(|rest| filter != format!("{prefix}.orphans-{rest}"))
 }
 
 fn parse_version(v: &str) -> (u32, u32) {
@@ -264,6 +646,27 @@ fn parse_version(v: &str) -> (u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_old_janitor_consumer_is_told_from_a_queue_named_orphans() {
+        use super::is_janitor_leftover;
+        assert!(is_janitor_leftover(
+            "jobs",
+            "jobwarden-orphans-email",
+            "jobs.email"
+        ));
+        // The queue `orphans-email` is served by `jobwarden-orphans-email` too.
+        assert!(!is_janitor_leftover(
+            "jobs",
+            "jobwarden-orphans-email",
+            "jobs.orphans-email"
+        ));
+        assert!(!is_janitor_leftover(
+            "jobs",
+            "jobwarden-email",
+            "jobs.email"
+        ));
+    }
+
     #[test]
     fn versions_parse() {
         assert_eq!(super::parse_version("2.9.10"), (2, 9));

@@ -17,6 +17,10 @@ pub enum ClientError {
     Invalid(String),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The id or idempotency key belongs to a job with another payload (the message says
+    /// which, and which job holds it).
+    #[error("{0}")]
+    Conflict(String),
     #[error("job {id} is stored as {status} but publishing it failed: {cause}; it will be republished by the broker-loss sweep")]
     Publish {
         id: String,
@@ -43,6 +47,7 @@ pub struct Client {
     store: Store,
     broker: Broker,
     default_max_attempts: i32,
+    max_payload_bytes: Option<usize>,
 }
 
 impl Client {
@@ -51,7 +56,15 @@ impl Client {
             store,
             broker,
             default_max_attempts: crate::config::DEFAULT_MAX_ATTEMPTS as i32,
+            max_payload_bytes: None,
         }
+    }
+
+    /// Refuses jobs whose message is over the workers' `worker.max_payload_bytes` (the
+    /// server's max_payload is always checked).
+    pub fn with_max_payload_bytes(mut self, n: usize) -> Client {
+        self.max_payload_bytes = Some(n);
+        self
     }
 
     /// Max attempts for jobs that name none (normally the queue's configured value).
@@ -60,14 +73,14 @@ impl Client {
         self
     }
 
-    /// Enqueues a job and returns it. Enqueueing an existing id or idempotency key returns the
-    /// existing job (`created: false`) and publishes nothing.
-    pub async fn enqueue(
+    /// Checks a job before it is stored: names, ranges, size (the message it will travel in
+    /// must fit the server and the workers). Returns the job, its envelope and max attempts.
+    fn prepare(
         &self,
         queue: &str,
         payload: Value,
-        opts: EnqueueOptions,
-    ) -> Result<Enqueued, ClientError> {
+        opts: &EnqueueOptions,
+    ) -> Result<(NewJob, Envelope, i32), ClientError> {
         job::validate_queue_name(queue).map_err(ClientError::Invalid)?;
         if !payload.is_object() {
             return Err(ClientError::Invalid(
@@ -107,35 +120,128 @@ impl Client {
             b.validate()
                 .map_err(|e| ClientError::Invalid(format!("backoff: {e}")))?;
         }
+        // The message the job will travel in (now, or when the scheduler publishes it) must
+        // fit the server: say so now rather than store a job that can never be published.
+        let envelope = Envelope {
+            id: Some(new.id.clone()),
+            payload: new.payload.clone(),
+            priority: Some(priority),
+            max_attempts: Some(max_attempts),
+            timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
+            idempotency_key: opts.idempotency_key.clone(),
+            run_at_ms: None,
+            backoff: opts.backoff,
+        };
+        self.broker
+            .job_message(&envelope, i32::MAX)
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        if let Some(limit) = self.max_payload_bytes {
+            let size = serde_json::to_vec(&envelope).map(|b| b.len()).unwrap_or(0);
+            if size > limit {
+                return Err(ClientError::Invalid(format!(
+                    "job {}: the message is {size} bytes, over the workers' limit of {limit} bytes \
+                     (worker.max_payload_bytes); store large data elsewhere and pass a reference",
+                    new.id
+                )));
+            }
+        }
+        Ok((new, envelope, max_attempts))
+    }
+
+    /// Enqueues a job inside the caller's own transaction (the outbox): if the transaction
+    /// rolls back the job never existed; once it commits, a worker's scheduler publishes it
+    /// (woken by the commit's NOTIFY). Runs the schema's SQL function `enqueue()`, which any
+    /// language can call the same way. Returns the job's id; the same idempotency key (or
+    /// id) with the same payload returns the existing job, with another payload is
+    /// [`ClientError::Conflict`].
+    pub async fn enqueue_in<C: tokio_postgres::GenericClient>(
+        &self,
+        tx: &C,
+        queue: &str,
+        payload: Value,
+        opts: EnqueueOptions,
+    ) -> Result<String, ClientError> {
+        let (new, _envelope, max_attempts) = self.prepare(queue, payload, &opts)?;
+        let sql = format!(
+            "SELECT \"{}\".enqueue(queue => $1, payload => $2, priority => $3::int2::int4, \
+             run_at => now() + $4::int8 * interval '1 millisecond', max_attempts => $5, \
+             idempotency_key => $6, id => $7, timeout_ms => $8, backoff => $9)",
+            self.store.schema()
+        );
+        let delay_ms = opts.delay.unwrap_or_default().as_millis() as i64;
+        let (timeout_ms, backoff) = (new.timeout_ms(), new.backoff_json());
+        let row = tx
+            .query_one(
+                &sql,
+                &[
+                    &new.queue,
+                    &new.payload,
+                    &new.priority,
+                    &delay_ms,
+                    &max_attempts,
+                    &new.idempotency_key,
+                    &new.id,
+                    &timeout_ms,
+                    &backoff,
+                ],
+            )
+            .await
+            .map_err(|e| match e.as_db_error() {
+                Some(db) if db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
+                    ClientError::Conflict(db.message().to_string())
+                }
+                _ => ClientError::Store(e.into()),
+            })?;
+        Ok(row.get(0))
+    }
+
+    /// Enqueues a job and returns it. Enqueueing an existing id or idempotency key returns the
+    /// existing job (`created: false`) and publishes nothing.
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        payload: Value,
+        opts: EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
+        let (new, envelope, max_attempts) = self.prepare(queue, payload, &opts)?;
         let delay = opts.delay.unwrap_or_default();
         let enq = self.store.job_insert(&new, max_attempts, delay).await?;
+        if !enq.same_payload {
+            let taken = match &new.idempotency_key {
+                Some(key) if enq.id != new.id => {
+                    format!("idempotency key {key:?} of queue {queue}")
+                }
+                _ => format!("job id {:?}", new.id),
+            };
+            let existing = enq.id;
+            return Err(ClientError::Conflict(format!(
+                "{taken} already belongs to job {existing} with another payload; enqueue a \
+                 different job under a new key (or id), or the same payload to get job \
+                 {existing} back"
+            )));
+        }
         if !enq.created || enq.status != JobStatus::Queued {
             // Existing job, or a delayed one: the scheduler publishes it when due.
             return Ok(enq);
         }
-        let envelope = Envelope {
-            id: Some(new.id.clone()),
-            payload: new.payload,
-            priority: Some(priority),
-            max_attempts: Some(max_attempts),
-            timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
-            idempotency_key: opts.idempotency_key,
-            run_at_ms: None,
-            backoff: opts.backoff,
-        };
-        let published = match self
+        let ack = self
             .broker
-            .publish_job(queue, &envelope, enq.generation)
+            .publish_job_confirmed(queue, &envelope, enq.generation)
+            .await
+            .map_err(|e| ClientError::Publish {
+                id: enq.id.clone(),
+                status: enq.status,
+                cause: e.to_string(),
+            })?;
+        // Broker-loss repair tells a message still in the stream from a lost one by this.
+        // Not recorded (PostgreSQL went away just now): the job may be published once more.
+        if let Err(e) = self
+            .store
+            .job_published(&enq.id, enq.generation, ack.sequence)
             .await
         {
-            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        published.map_err(|cause| ClientError::Publish {
-            id: enq.id.clone(),
-            status: enq.status,
-            cause,
-        })?;
+            tracing::debug!(job.id = %enq.id, cause = %e, "stream sequence not recorded");
+        }
         Ok(enq)
     }
 }

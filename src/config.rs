@@ -33,6 +33,11 @@ pub const DEFAULT_SCHEDULER_EVERY: Duration = Duration::from_millis(250);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_CLAIM_BATCH: usize = 256;
+pub const DEFAULT_PULL_MAX_BYTES: usize = 8 * 1024 * 1024;
+pub const DEFAULT_ADOPT_AFTER: Duration = Duration::from_secs(5);
+pub const DEFAULT_UNSERVED_GRACE: Duration = Duration::from_secs(3600);
+/// Dead-letter events go to `<EVENTS_PREFIX>.dead.<queue>` (core NATS, outside the stream).
+pub const EVENTS_PREFIX: &str = "jobwarden";
 pub const DEFAULT_CONCURRENCY: usize = 10;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -48,6 +53,8 @@ pub struct Config {
     /// The handler used by queues that name none.
     pub handler: Option<HandlerConfig>,
     pub queues: BTreeMap<String, QueueConfig>,
+    /// Named cron schedules; every worker runs them, each fire is enqueued once.
+    pub cron: BTreeMap<String, crate::cron::CronConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -109,6 +116,19 @@ pub struct WorkerConfig {
     pub max_payload_bytes: usize,
     /// Most messages claimed in one statement.
     pub claim_batch: usize,
+    /// Most bytes one pull request may bring (never below the server's max_payload, or a
+    /// message larger than the budget could never be delivered).
+    pub pull_max_bytes: usize,
+    /// A message delivered to a worker that stops before claiming it (killed, paused, or
+    /// shut down with pull requests open) is adopted from the stream after this long
+    /// without a row, instead of waiting out `nats.ack_wait`.
+    #[serde(with = "humantime_serde")]
+    pub adopt_after: Duration,
+    /// Messages on a subject no pod serves (a queue whose workers are not deployed yet, a
+    /// typo) wait this long, visible in `jobwarden stats`, before they become dead jobs that
+    /// keep their payload.
+    #[serde(with = "humantime_serde")]
+    pub unserved_grace: Duration,
     /// Run migrations at start-up (under an advisory lock).
     pub migrate: bool,
 }
@@ -141,6 +161,14 @@ pub struct QueueConfig {
     /// Overrides worker.stale_after for this queue's jobs.
     #[serde(with = "humantime_serde", default)]
     pub stale_after: Option<Duration>,
+    /// Priorities are strict by default (0 = none); with N, every Nth pull serves the
+    /// lower-priority lanes that have work, in turn, so they never starve.
+    pub fair_every: u32,
+    /// Jobs of this queue running at once across every worker (none by default).
+    pub global_concurrency: Option<u32>,
+    /// Starts of this queue's jobs per window across every worker, e.g. "100/1m".
+    #[serde(alias = "limit")]
+    pub rate_limit: Option<String>,
     pub handler: Option<HandlerConfig>,
 }
 
@@ -185,6 +213,9 @@ impl Default for WorkerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             claim_batch: DEFAULT_CLAIM_BATCH,
+            pull_max_bytes: DEFAULT_PULL_MAX_BYTES,
+            adopt_after: DEFAULT_ADOPT_AFTER,
+            unserved_grace: DEFAULT_UNSERVED_GRACE,
             migrate: true,
         }
     }
@@ -198,6 +229,9 @@ impl Default for QueueConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             stale_after: None,
+            fair_every: 0,
+            global_concurrency: None,
+            rate_limit: None,
             handler: None,
         }
     }
@@ -210,7 +244,7 @@ pub struct ConfigErrors(pub Vec<String>);
 
 /// Top-level sections an environment variable may set (others, like
 /// `JOBWARDEN_TEST_DATABASE_URL` or `JOBWARDEN_CONFIG`, are not configuration).
-const ENV_SECTIONS: [&str; 5] = ["database", "nats", "worker", "handler", "queues"];
+const ENV_SECTIONS: [&str; 6] = ["database", "nats", "worker", "handler", "queues", "cron"];
 
 impl Config {
     /// Loads the file (if any) and the environment, then validates. `path` must exist when
@@ -322,6 +356,21 @@ impl Config {
         if w.reap_every.is_zero() || w.broker_lost_after.is_zero() {
             errs.push("worker.reap_every and worker.broker_lost_after must be above zero".into());
         }
+        if w.adopt_after < Duration::from_millis(100) || w.unserved_grace.is_zero() {
+            errs.push(format!(
+                "worker.adopt_after ({}) must be at least 100ms and worker.unserved_grace ({}) \
+                 above zero",
+                fmt_dur(w.adopt_after),
+                fmt_dur(w.unserved_grace)
+            ));
+        }
+        if w.pull_max_bytes < w.max_payload_bytes {
+            errs.push(format!(
+                "worker.pull_max_bytes ({}) must be at least worker.max_payload_bytes ({}), or a \
+                 message of the largest allowed size could never be fetched",
+                w.pull_max_bytes, w.max_payload_bytes
+            ));
+        }
         if w.heartbeat_every.is_zero() || w.heartbeat_every >= w.stale_after {
             errs.push(format!(
                 "worker.heartbeat_every ({}) must be above zero and below worker.stale_after ({})",
@@ -404,6 +453,16 @@ impl Config {
                 n.subject_prefix
             ));
         }
+        if n.subject_prefix == EVENTS_PREFIX
+            || n.subject_prefix.starts_with(&format!("{EVENTS_PREFIX}."))
+        {
+            errs.push(format!(
+                "nats.subject_prefix {:?} would put jobwarden's own events \
+                 ({EVENTS_PREFIX}.dead.<queue>) into the work stream; choose another prefix, \
+                 e.g. \"jobs\"",
+                n.subject_prefix
+            ));
+        }
         if n.duplicate_window < Duration::from_secs(1) {
             errs.push("nats.duplicate_window must be at least 1s".into());
         }
@@ -414,9 +473,32 @@ impl Config {
                     .into(),
             );
         }
+        for (name, c) in &self.cron {
+            if let Err(mut e) = crate::cron::Schedule::new(name, c) {
+                errs.append(&mut e);
+            }
+        }
         for (name, q) in &self.queues {
             if let Err(e) = crate::job::validate_queue_name(name) {
                 errs.push(format!("queues.{name}: {e}"));
+            }
+            if let Some(r) = &q.rate_limit {
+                if let Err(e) = parse_rate_limit(r) {
+                    errs.push(format!("queues.{name}.rate_limit {e}"));
+                }
+            }
+            if q.global_concurrency == Some(0) {
+                errs.push(format!(
+                    "queues.{name}.global_concurrency (0) must be at least 1 (leave it out for \
+                     no cluster-wide cap), e.g. global_concurrency = 3"
+                ));
+            }
+            if q.fair_every == 1 || q.fair_every > 1000 {
+                errs.push(format!(
+                    "queues.{name}.fair_every ({}) must be 0 (strict priorities) or from 2 to \
+                     1000, e.g. fair_every = 10 gives lower priorities every 10th pull",
+                    q.fair_every
+                ));
             }
             if q.concurrency == 0 || q.concurrency > 10_000 {
                 errs.push(format!(
@@ -510,6 +592,30 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Formats a duration the way the config file writes it ("5m", "30s", "250ms").
+/// Parses a rate limit `"<starts>/<window>"`, e.g. `"100/1m"`, `"20/10s"`.
+pub fn parse_rate_limit(text: &str) -> Result<(u32, Duration), String> {
+    let bad = |why: &str| {
+        format!(
+            "{text:?} {why}: write starts per window as \"<count>/<duration>\", e.g. \
+             \"100/1m\", \"20/10s\" or \"5000/1h\""
+        )
+    };
+    let (n, window) = text.split_once('/').ok_or_else(|| bad("has no '/'"))?;
+    let n: u32 = n
+        .trim()
+        .parse()
+        .map_err(|_| bad("does not start with a whole number"))?;
+    let window =
+        humantime::parse_duration(window.trim()).map_err(|_| bad("has no valid duration"))?;
+    if n == 0 || n > 1_000_000 {
+        return Err(bad("must allow from 1 to 1000000 starts"));
+    }
+    if window < Duration::from_millis(100) || window > Duration::from_secs(7 * 24 * 3600) {
+        return Err(bad("must have a window from 100ms to 7d"));
+    }
+    Ok((n, window))
+}
+
 pub fn fmt_dur(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
@@ -592,6 +698,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("stale_afterr"), "{err}");
+    }
+
+    #[test]
+    fn a_subject_prefix_that_would_capture_the_event_subjects_is_refused() {
+        let err = Config::from_toml(&format!("{OK}\n[nats]\nsubject_prefix = \"jobwarden\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nats.subject_prefix"), "{err}");
+        assert!(err.contains("jobwarden.dead"), "{err}");
+    }
+
+    #[test]
+    fn rate_limits_parse_or_say_the_right_form() {
+        assert_eq!(
+            parse_rate_limit("100/1m"),
+            Ok((100, Duration::from_secs(60)))
+        );
+        assert_eq!(
+            parse_rate_limit("20 / 10s"),
+            Ok((20, Duration::from_secs(10)))
+        );
+        let e = parse_rate_limit("100 per minute").unwrap_err();
+        assert!(e.contains("\"100/1m\""), "{e}");
+        assert!(parse_rate_limit("0/1s").is_err());
+        assert!(parse_rate_limit("5/lots").is_err());
+        let all = Config::from_toml(
+            "[queues.email]\nrate_limit = \"100 per minute\"\nglobal_concurrency = 0\n\
+             [queues.email.handler]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            all.contains("queues.email.rate_limit \"100 per minute\""),
+            "{all}"
+        );
+        assert!(all.contains("queues.email.global_concurrency (0)"), "{all}");
+        // `limit` is accepted as another name.
+        let c = Config::from_toml(
+            "[queues.email]\nlimit = \"100/1m\"\n[queues.email.handler]\nkind = \"http\"\n\
+             url = \"http://127.0.0.1:1/\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.queues["email"].rate_limit.as_deref(), Some("100/1m"));
     }
 
     #[test]

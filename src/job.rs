@@ -112,6 +112,21 @@ pub struct NewJob {
     pub backoff: Option<crate::backoff::Backoff>,
 }
 
+impl NewJob {
+    /// The per-job timeout as PostgreSQL stores it (milliseconds, `int4`).
+    pub fn timeout_ms(&self) -> Option<i32> {
+        self.timeout
+            .map(|d| d.as_millis().min(i32::MAX as u128) as i32)
+    }
+
+    /// The per-job backoff as PostgreSQL stores it (`jsonb`).
+    pub fn backoff_json(&self) -> Option<Value> {
+        self.backoff
+            .as_ref()
+            .map(|b| serde_json::to_value(b).expect("a backoff serialises"))
+    }
+}
+
 /// What the producer side writes (CLI, Rust client, docs). Fields mirror `NewJob`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Envelope {
@@ -264,17 +279,30 @@ pub struct MessageOrigin<'a> {
     pub queue: &'a str,
     pub stream: &'a str,
     pub stream_seq: u64,
+    /// When the stream stored the message, in nanoseconds since the Unix epoch (the same
+    /// value in every delivery of it, and in a direct read of the stream).
+    pub stored_ns: i128,
     /// The `Nats-Msg-Id` header, if the producer set one.
     pub msg_id: Option<&'a str>,
 }
 
+/// The id a message itself gets when the body carries none: `<stream>-<sequence>-<stored
+/// time in ns>`. Every delivery of one message maps to the same row; a stream deleted and
+/// created again (or restored from a backup) starts its sequences over, but never at the same
+/// instant, so a new message never lands on an old job's row.
+pub fn message_id(origin: &MessageOrigin<'_>) -> String {
+    format!(
+        "{}-{}-{}",
+        origin.stream, origin.stream_seq, origin.stored_ns
+    )
+}
+
 /// The id a message without an `id` field gets: its `Nats-Msg-Id` when present (a producer
-/// that dedups by message id means the same job), else stream name and sequence, so a
-/// redelivery of the same message maps to the same row.
+/// that dedups by message id means the same job), else [`message_id`].
 pub fn derived_id(origin: &MessageOrigin<'_>) -> String {
     match origin.msg_id {
         Some(m) if validate_id(m).is_ok() => m.to_string(),
-        _ => format!("{}-{}", origin.stream, origin.stream_seq),
+        _ => message_id(origin),
     }
 }
 
@@ -380,15 +408,7 @@ pub fn decode(
 /// PostgreSQL's jsonb cannot hold the NUL character (`\u0000`) in any string; such a payload
 /// would fail at insert time, so we reject it here with a clear reason instead.
 pub fn check_storable(payload: &Value) -> Result<(), InvalidMessage> {
-    fn has_nul(v: &Value) -> bool {
-        match v {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(a) => a.iter().any(has_nul),
-            Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-            _ => false,
-        }
-    }
-    if has_nul(payload) {
+    if crate::jsonb::has_nul(payload) {
         return Err(InvalidMessage::BadValue {
             field: "payload",
             reason: "contains the NUL character \\u0000, which PostgreSQL jsonb cannot store; \
@@ -409,6 +429,7 @@ mod tests {
             queue: "email",
             stream: "JOBS",
             stream_seq: 42,
+            stored_ns: 1_763_828_428_160_350_775,
             msg_id: None,
         }
     }
@@ -416,7 +437,13 @@ mod tests {
     #[test]
     fn plain_object_is_the_payload_with_a_derived_id() {
         let job = decode(br#"{"to":"a@b.c"}"#, &origin(), 1024).unwrap();
-        assert_eq!(job.id, "JOBS-42");
+        assert_eq!(job.id, "JOBS-42-1763828428160350775");
+        // The same sequence in a stream created again is another message.
+        let again = MessageOrigin {
+            stored_ns: 1_763_900_000_000_000_000,
+            ..origin()
+        };
+        assert_ne!(derived_id(&again), job.id);
         assert_eq!(job.payload, json!({"to":"a@b.c"}));
         assert_eq!(job.priority, DEFAULT_PRIORITY);
     }

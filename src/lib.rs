@@ -9,19 +9,16 @@
 //! [`worker::Worker::rust_handler`], and [`worker::Worker::start`] it; enqueue with
 //! [`client::Client`].
 
-pub mod api;
 pub mod backoff;
-pub mod bench;
-mod bench_recovery;
 pub mod broker;
 pub mod client;
 pub mod config;
-pub mod demo;
+pub mod cron;
 pub mod handler;
 pub mod job;
+pub mod jsonb;
 pub mod liveness;
 pub mod store;
-pub mod testkit;
 pub mod worker;
 
 pub use handler::{Handler, HandlerResult, JobContext, JobError, Progress};

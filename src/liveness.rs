@@ -1,13 +1,40 @@
 //! Liveness rules, kept pure so they are unit tested: which earlier incarnation of this host
-//! is gone (start-up reconciliation), and when a worker must fence itself off.
+//! is provably gone (start-up reconciliation), and when a worker must fence itself off.
 //!
-//! A process is identified by (boot id, pid, start time in clock ticks since boot): a pid
-//! alone is reused — after a container restart the new worker is often pid 1 again, exactly
-//! like the one that died — but a pid with the same start time on the same boot is the same
-//! process. A heartbeat is no help here: the dead incarnation's last beat is seconds old.
+//! A process is identified by (boot id, pid namespace, pid, start time in clock ticks since
+//! boot): a pid alone is reused — after a container restart the new worker is often pid 1
+//! again, exactly like the one that died — but a pid with the same start time on the same
+//! boot, in the same pid namespace, is the same process.
+//!
+//! **Only proof of death lets start-up reconciliation take jobs at once.** The proof is a
+//! look at this kernel's process table in the owner's own pid namespace: no process with that
+//! pid and start time, or only a zombie (it exited and waits to be reaped). Anything else —
+//! another boot id (another node, or a rebooted one), another pid namespace, an identity not
+//! recorded — proves nothing: two live processes can share a host name (a shared
+//! `worker.hostname`, a force-deleted StatefulSet pod still running on a partitioned node).
+//! Those owners are judged by their heartbeat alone, by the heartbeat reaper, against the
+//! `dead_after` they declared.
 
-use crate::store::Incarnation;
 use std::time::Duration;
+
+/// Another registered incarnation of this hostname, as its `workers` row describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incarnation {
+    pub id: String,
+    pub pid: i32,
+    pub boot_id: Option<String>,
+    pub proc_start: Option<i64>,
+    pub pid_ns: Option<String>,
+}
+
+/// What this kernel says of a pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcState {
+    /// Start time in clock ticks since boot.
+    pub start: i64,
+    /// Exited and waiting to be reaped (`Z`), or being torn down (`X`).
+    pub exited: bool,
+}
 
 /// This machine's boot id (Linux), e.g. "3c1f…".
 pub fn boot_id() -> Option<String> {
@@ -27,50 +54,109 @@ pub fn pid_namespace() -> Option<String> {
 /// Start time of process `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or
 /// None when no such process exists.
 pub fn proc_start(pid: i32) -> Option<i64> {
+    proc_state(pid).map(|s| s.start)
+}
+
+/// What /proc says of `pid`, or None when no such process exists.
+pub fn proc_state(pid: i32) -> Option<ProcState> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_proc_start(&stat)
+    parse_proc_stat(&stat)
 }
 
-/// Field 22 of a /proc/<pid>/stat line. The command name (field 2) may hold spaces and
-/// parentheses, so fields are counted after its closing parenthesis.
-pub fn parse_proc_start(stat: &str) -> Option<i64> {
+/// State (field 3) and start time (field 22) of a /proc/<pid>/stat line. The command name
+/// (field 2) may hold spaces and parentheses, so fields are counted after its closing
+/// parenthesis.
+pub fn parse_proc_stat(stat: &str) -> Option<ProcState> {
     let (_, rest) = stat.rsplit_once(')')?;
-    // `rest` starts at field 3 (state): field 22 is the 20th from here.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    // `rest` starts at field 3 (state): field 22 is the 19th after it.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some(ProcState {
+        start,
+        exited: matches!(state, "Z" | "X" | "x"),
+    })
 }
 
-/// Is `other`, an incarnation registered under this worker's hostname, still running?
+/// Is `other`, an incarnation registered under this worker's hostname, provably gone?
 ///
-/// - Another boot id: the host rebooted, or — with StatefulSet identities, where Kubernetes
-///   never runs two pods of one name at once — the pod was replaced: gone.
-/// - Same boot and pid namespace: alive exactly when a process with its pid and start time
-///   exists.
-/// - Same boot, another pid namespace (two containers with one hostname on one kernel), or
-///   an unknown identity: its pid cannot be probed from here, so it is treated as alive; the
-///   heartbeat reaper recovers its jobs if it is not.
-pub fn incarnation_alive(
+/// Gone exactly when it ran on this boot, in this pid namespace, and the process table has
+/// no live process with its pid and start time (none at all, another one reusing the pid, or
+/// only its zombie). Every other case is not proof, and its jobs are left to the heartbeat
+/// reaper.
+pub fn incarnation_gone(
     other: &Incarnation,
     my_boot: Option<&str>,
     my_pid_ns: Option<&str>,
-    probe: impl Fn(i32) -> Option<i64>,
+    probe: impl Fn(i32) -> Option<ProcState>,
 ) -> bool {
-    match (other.boot_id.as_deref(), my_boot, other.proc_start) {
-        (Some(theirs), Some(mine), _) if theirs != mine => false,
-        (Some(_), Some(_), Some(start)) if other.pid_ns.as_deref() == my_pid_ns => {
-            probe(other.pid) == Some(start)
-        }
-        _ => true,
+    let (Some(theirs), Some(mine)) = (other.boot_id.as_deref(), my_boot) else {
+        return false;
+    };
+    let Some(start) = other.proc_start else {
+        return false;
+    };
+    if theirs != mine || other.pid_ns.is_none() || other.pid_ns.as_deref() != my_pid_ns {
+        return false;
+    }
+    match probe(other.pid) {
+        None => true,
+        Some(p) if p.start != start => true,
+        Some(p) => p.exited,
     }
 }
 
-/// A worker that has not renewed its heartbeat for this long must stop its handlers: others
-/// are about to declare it dead and take its jobs (one beat of margin before `dead_after`).
-pub fn must_self_fence(
-    since_last_beat: Duration,
-    dead_after: Duration,
-    heartbeat_every: Duration,
-) -> bool {
-    since_last_beat >= dead_after.saturating_sub(heartbeat_every)
+/// How a worker paces its heartbeat and when it must fence itself off, derived from the two
+/// settings it declares (`heartbeat_every`, `dead_after`). The derivation:
+///
+/// - Others declare the worker dead `dead_after` after the last beat the database recorded
+///   (`heartbeat_at`, stamped when the beat's statement started, which is no earlier than
+///   when the worker sent it). The worker measures its silence from when it *sent* its last
+///   successful beat, so its own clock never runs behind the reapers'.
+/// - It must have stopped every handler before anyone may take its jobs: it fences at
+///   `fence_after = dead_after − stop_margin`, leaving `stop_margin = dead_after / 3` to stop
+///   them (exec handlers get at most half of it between SIGTERM and SIGKILL, see
+///   [`Pacing::stop_grace`]).
+/// - A beat is never abandoned while it waits (a 3 s lock on the workers table delays it,
+///   and when it lands it still counts from when it was sent); a beat that fails is retried
+///   after `retry_every` rather than a whole interval later.
+/// - With `dead_after ≥ 2 × heartbeat_every` (the configuration's rule), `fence_after ≥
+///   4/3 × heartbeat_every`: a healthy worker beats well inside it, and one slow or failed
+///   beat leaves room for the next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pacing {
+    pub heartbeat_every: Duration,
+    pub dead_after: Duration,
+}
+
+impl Pacing {
+    /// Time reserved, before others may declare the worker dead, to stop its handlers.
+    pub fn stop_margin(&self) -> Duration {
+        self.dead_after / 3
+    }
+
+    /// Silence (since the last successful beat was sent) after which the worker stops all
+    /// its handlers and takes no work.
+    pub fn fence_after(&self) -> Duration {
+        self.dead_after - self.stop_margin()
+    }
+
+    /// Wait before retrying a beat that failed.
+    pub fn retry_every(&self) -> Duration {
+        (self.heartbeat_every / 4).max(Duration::from_millis(50))
+    }
+
+    /// SIGTERM→SIGKILL grace for an exec handler stopped because its job was lost or the
+    /// worker fenced itself off: at most half the stop margin, so the process group is gone
+    /// before the job can run elsewhere.
+    pub fn stop_grace(&self, normal: Duration) -> Duration {
+        normal.min(self.stop_margin() / 2)
+    }
+
+    /// Must a worker silent for `silence` fence itself off?
+    pub fn must_fence(&self, silence: Duration) -> bool {
+        silence >= self.fence_after()
+    }
 }
 
 #[cfg(test)]
@@ -87,10 +173,17 @@ mod tests {
         }
     }
 
+    fn running(start: i64) -> Option<ProcState> {
+        Some(ProcState {
+            start,
+            exited: false,
+        })
+    }
+
     #[test]
     fn same_pid_and_start_on_this_boot_is_alive() {
-        let probe = |pid| (pid == 42).then_some(1000);
-        assert!(incarnation_alive(
+        let probe = |pid| if pid == 42 { running(1000) } else { None };
+        assert!(!incarnation_gone(
             &inc(Some("b"), 42, Some(1000)),
             Some("b"),
             Some("pid:[1]"),
@@ -101,34 +194,44 @@ mod tests {
     #[test]
     fn reused_pid_is_not_the_same_process() {
         // pid 1 again after a container restart: another start time.
-        let probe = |_| Some(5000);
-        assert!(!incarnation_alive(
+        assert!(incarnation_gone(
             &inc(Some("b"), 1, Some(1000)),
             Some("b"),
             Some("pid:[1]"),
-            probe
+            |_| running(5000)
         ));
     }
 
     #[test]
-    fn vanished_pid_is_dead() {
-        assert!(!incarnation_alive(
+    fn vanished_pid_and_zombie_are_gone() {
+        assert!(incarnation_gone(
             &inc(Some("b"), 42, Some(1000)),
             Some("b"),
             Some("pid:[1]"),
             |_| None
         ));
+        // Killed, not yet reaped by its parent: same pid and start time, state Z.
+        assert!(incarnation_gone(
+            &inc(Some("b"), 42, Some(1000)),
+            Some("b"),
+            Some("pid:[1]"),
+            |_| Some(ProcState {
+                start: 1000,
+                exited: true
+            })
+        ));
     }
 
     #[test]
-    fn another_boot_is_dead_and_unknown_identity_is_left_alone() {
-        assert!(!incarnation_alive(
+    fn another_boot_is_no_proof_nor_is_an_unknown_identity() {
+        // Another node (or a force-deleted pod still running elsewhere): left to the reaper.
+        assert!(!incarnation_gone(
             &inc(Some("old"), 42, Some(1)),
             Some("new"),
             Some("pid:[1]"),
-            |_| Some(1)
+            |_| None
         ));
-        assert!(incarnation_alive(
+        assert!(!incarnation_gone(
             &inc(None, 42, None),
             Some("b"),
             Some("pid:[1]"),
@@ -137,9 +240,9 @@ mod tests {
     }
 
     #[test]
-    fn another_pid_namespace_cannot_be_probed_so_it_is_left_alone() {
+    fn another_pid_namespace_cannot_be_probed_so_it_is_no_proof() {
         let other = inc(Some("b"), 42, Some(1000));
-        assert!(incarnation_alive(
+        assert!(!incarnation_gone(
             &other,
             Some("b"),
             Some("pid:[2]"),
@@ -150,15 +253,43 @@ mod tests {
     #[test]
     fn parses_stat_lines_with_odd_command_names() {
         let line = "1234 (my (odd) cmd) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 12345 67 18446744073709551615";
-        assert_eq!(parse_proc_start(line), Some(987654));
+        assert_eq!(
+            parse_proc_stat(line),
+            Some(ProcState {
+                start: 987654,
+                exited: false
+            })
+        );
+        let zombie = "77 (jobwarden) Z 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 5555 0 0 0";
+        assert_eq!(parse_proc_stat(zombie).map(|p| p.exited), Some(true));
         let me = proc_start(std::process::id() as i32);
         assert!(me.is_some_and(|t| t > 0));
     }
 
     #[test]
-    fn self_fence_one_beat_before_dead() {
-        let (dead, beat) = (Duration::from_secs(15), Duration::from_secs(5));
-        assert!(!must_self_fence(Duration::from_secs(9), dead, beat));
-        assert!(must_self_fence(Duration::from_secs(10), dead, beat));
+    fn fence_margins_are_derived_from_the_declared_settings() {
+        let p = Pacing {
+            heartbeat_every: Duration::from_secs(5),
+            dead_after: Duration::from_secs(15),
+        };
+        assert_eq!(p.fence_after(), Duration::from_secs(10));
+        assert_eq!(p.stop_margin(), Duration::from_secs(5));
+        assert!(!p.must_fence(Duration::from_millis(9_999)));
+        assert!(p.must_fence(Duration::from_secs(10)));
+        // A beat held 3 s by a lock still lands inside the fence: 5 s interval + 3 s.
+        assert!(!p.must_fence(Duration::from_secs(8)));
+        assert_eq!(
+            p.stop_grace(Duration::from_secs(5)),
+            Duration::from_millis(2500)
+        );
+        // The smallest allowed dead_after: a healthy beat (one interval plus latency) is
+        // well inside the fence.
+        let tight = Pacing {
+            heartbeat_every: Duration::from_secs(1),
+            dead_after: Duration::from_secs(2),
+        };
+        assert!(tight.fence_after() > Duration::from_millis(1300));
+        assert!(!tight.must_fence(Duration::from_millis(1200)));
+        assert_eq!(tight.retry_every(), Duration::from_millis(250));
     }
 }

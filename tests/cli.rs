@@ -121,6 +121,25 @@ fn unreachable_postgres_is_named_in_the_error() {
 }
 
 #[test]
+fn a_database_that_refuses_the_connection_is_named_with_its_reason() {
+    let url = test_database_url();
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
+    let out = jobwarden(
+        &["jobs", "list"],
+        &[(
+            "JOBWARDEN_DATABASE__URL",
+            &format!("{base}/no_such_database_jw"),
+        )],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("database \"no_such_database_jw\" does not exist"),
+        "the server's reason is hidden: {t}"
+    );
+}
+
+#[test]
 fn run_keeps_retrying_unreachable_servers_and_stops_on_sigterm() {
     let cfg = write_config(
         r#"

@@ -91,18 +91,29 @@ async fn http_handler_runs_jobs_and_the_app_reports_progress_on_the_local_api() 
     assert_eq!(first["attempt"], json!(1));
     assert_eq!(first["progress_status"], json!(200));
     assert_eq!(first["idempotency_key"], json!("mail-1"));
-    // The local API refuses reports for jobs that do not run here.
-    let resp = reqwest::Client::new()
-        .post(format!("http://{}/v1/jobs/nope/progress", worker.api_addr))
-        .json(&json!({"progress": 1.0}))
-        .send()
+    // The local API refuses reports for attempts that do not run here, reports that name
+    // no attempt, and bodies that are not a report.
+    let post = |path: &str, body: &'static str| {
+        reqwest::Client::new()
+            .post(format!("http://{}{path}", worker.api_addr))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let resp = post("/v1/jobs/nope/progress?lease=1", r#"{"progress": 1.0}"#)
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
-    let resp = reqwest::Client::new()
-        .post(format!("http://{}/v1/jobs/nope/progress", worker.api_addr))
-        .body("{not json")
-        .send()
+    let resp = post("/v1/jobs/nope/progress", r#"{"progress": 1.0}"#)
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("progress_url"),
+        "{body}"
+    );
+    let resp = post("/v1/jobs/nope/progress?lease=1", "{not json")
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
@@ -222,11 +233,12 @@ async fn client_enqueue_runs_once_per_idempotency_key_and_delays_wait_in_postgre
 }
 
 #[tokio::test]
-async fn messages_for_a_queue_nobody_serves_are_dead_lettered_with_the_reason() {
+async fn messages_for_a_queue_nobody_serves_are_dead_lettered_with_the_reason_and_payload() {
     let env = TestEnv::new("[queues.email]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
-    // sweep_every drives the janitor; short for the test.
+    // sweep_every drives the janitor, unserved_grace how long messages wait; short here.
     let mut config = env.config.clone();
     config.worker.sweep_every = Duration::from_millis(300);
+    config.worker.unserved_grace = Duration::from_millis(500);
     let h = from_fn(|_job| async { Ok(None) });
     let worker = env.worker_with(config, &[("h", h)]).await;
     env.publish_raw("emial", r#"{"to":"typo@example.com"}"#)
@@ -253,15 +265,18 @@ async fn messages_for_a_queue_nobody_serves_are_dead_lettered_with_the_reason() 
     assert_eq!(row.get::<_, String>(0), "emial");
     let reason: String = row.get(1);
     assert!(
-        reason.contains("queue `emial` is not configured"),
+        reason.contains("no worker served queue `emial`"),
         "{reason}"
     );
+    // The job keeps its own payload, so a retry runs the real job.
     let payload: Value = row.get(2);
-    assert_eq!(payload["invalid_body"]["to"], json!("typo@example.com"));
-    // The orphan consumer is gone again; the stream holds nothing.
+    assert_eq!(payload, json!({"to": "typo@example.com"}));
+    assert_eq!(stat(&worker.stats.unserved_dead_lettered), 1);
+    // The message is out of the stream, and no consumer was ever created for it (only the
+    // eleven lanes of `email`).
     let mut stream = env.broker.stream().await.unwrap();
     let info = stream.info().await.unwrap();
     assert_eq!(info.state.messages, 0, "{:?}", info.state);
-    assert_eq!(info.state.consumer_count, 1, "{:?}", info.state);
+    assert_eq!(info.state.consumer_count, 11, "{:?}", info.state);
     worker.shutdown().await;
 }

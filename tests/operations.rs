@@ -243,7 +243,7 @@ async fn cancel_stops_a_job_running_on_another_worker_process_and_keeps_queued_o
 
 #[tokio::test]
 async fn a_timed_out_exec_job_leaves_no_process_of_its_tree_alive() {
-    let dir = std::env::temp_dir().join(jobwarden::testkit::unique_name("pids"));
+    let dir = std::env::temp_dir().join(common::testkit::unique_name("pids"));
     std::fs::create_dir_all(&dir).unwrap();
     let script = format!(
         "sh -c 'sleep 300 & echo $! >> {d}/pids; wait' & echo $! >> {d}/pids; sleep 300 & echo $! >> {d}/pids; wait",
@@ -344,8 +344,9 @@ async fn stats_and_views_agree_with_the_jobs_table() {
     );
     let out = env.cli(&["stats", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v[0]["completed_24h"], 5);
-    assert_eq!(v[0]["processing"], 1);
+    assert_eq!(v["queues"][0]["completed_24h"], 5);
+    assert_eq!(v["queues"][0]["processing"], 1);
+    assert_eq!(v["unserved"], serde_json::json!([]));
     let out = env.cli(&["stats"]);
     println!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(text(&out).contains("work"), "{}", text(&out));

@@ -6,7 +6,6 @@
 mod common;
 
 use common::{outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
-use jobwarden::client::{Client, EnqueueOptions};
 use jobwarden::handler::{from_fn, JobError, Progress};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -31,26 +30,12 @@ fn with_worker(extra: &str) -> String {
     extra.to_string()
 }
 
-async fn publish_held(env: &TestEnv, prefix: &str, n: usize) -> Vec<String> {
-    let mut ids = Vec::new();
-    for i in 0..n {
-        let id = format!("{prefix}-{i}");
-        env.publish_raw(
-            "work",
-            format!(r#"{{"id":"{id}","payload":{{"hold":true}}}}"#),
-        )
-        .await;
-        ids.push(id);
-    }
-    ids
-}
-
 #[tokio::test]
 async fn a_worker_killed_and_restarted_under_the_same_hostname_gets_its_jobs_back_at_once() {
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, "")).await;
     let mut pod = ChildWorker::spawn(&env.config, "pod-0");
-    let ids = publish_held(&env, "restart", 5).await;
+    let ids = env.publish_held("restart", 5).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 5 }).await);
     pod.kill9();
     let restarted = Instant::now();
@@ -95,7 +80,7 @@ async fn live_workers_on_one_host_never_take_each_others_jobs() {
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, "")).await;
     let _a = ChildWorker::spawn(&env.config, "laptop");
-    let ids = publish_held(&env, "mine", 3).await;
+    let ids = env.publish_held("mine", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
     // A second and third worker start on the same hostname while the first is busy.
     let _b = ChildWorker::spawn(&env.config, "laptop");
@@ -114,7 +99,7 @@ async fn a_worker_killed_for_good_has_its_jobs_run_elsewhere_with_default_settin
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, "")).await;
     let mut a = ChildWorker::spawn(&env.config, "pod-a");
-    let ids = publish_held(&env, "orphan", 4).await;
+    let ids = env.publish_held("orphan", 4).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 4 }).await);
     let _b = ChildWorker::spawn(&env.config, "pod-b");
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -158,7 +143,7 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, &with_worker(FAST))).await;
     let a = ChildWorker::spawn(&env.config, "pod-a");
-    let ids = publish_held(&env, "paused", 3).await;
+    let ids = env.publish_held("paused", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
     let _b = ChildWorker::spawn(&env.config, "pod-b");
     a.signal(Signal::SIGSTOP);
@@ -173,20 +158,36 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
     app.release();
     assert!(env.wait_count("completed", 3, 10).await);
     a.signal(Signal::SIGCONT);
-    // A wakes up with three results it can no longer record.
+    // A wakes up: declared dead, its attempts are stopped and settle nothing. (Whether it
+    // reads its application's late answers before it notices is a race; a late success it
+    // does read is recorded as `lost_ownership`, never as a second completion.)
+    let a_id: String = {
+        let c = env.store.raw().await.unwrap();
+        c.query_one(
+            "SELECT id FROM workers WHERE hostname = 'pod-a' ORDER BY started_at LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
     assert!(
         wait_for(Duration::from_secs(15), || async {
-            let mut all = true;
-            for id in &ids {
-                all &= outcomes(&env.store, id)
-                    .await
-                    .contains(&"lost_ownership".to_string());
-            }
-            all
+            let c = env.store.raw().await.unwrap();
+            let beat_again: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM workers WHERE id = $1 AND stopped_at IS NULL",
+                    &[&a_id],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            beat_again == 1
         })
         .await,
-        "the old owner's late results were not recorded as lost ownership"
+        "the paused worker did not register again after SIGCONT"
     );
+    tokio::time::sleep(Duration::from_secs(1)).await;
     for id in &ids {
         let o = outcomes(&env.store, id).await;
         assert_eq!(
@@ -195,6 +196,15 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
             "{id}: {o:?}"
         );
         assert!(o.contains(&"owner_dead".to_string()), "{id}: {o:?}");
+        // A republished message may land in the paused worker's still-open pull request:
+        // broker-loss repair (or adoption) brings it back.
+        assert!(
+            o.iter().all(|x| matches!(
+                x.as_str(),
+                "owner_dead" | "completed" | "lost_ownership" | "broker_lost" | "adopted"
+            )),
+            "{id}: {o:?}"
+        );
         let job = env.store.job_get(id).await.unwrap().unwrap();
         assert_eq!(job.status, "completed");
         assert!(job.worker_id.unwrap().starts_with("pod-b-"));
@@ -285,17 +295,8 @@ async fn jobs_whose_messages_were_purged_still_complete() {
          [queues.work]\nconcurrency = 50\nhandler = { kind = \"rust\", name = \"h\" }\n",
     )
     .await;
-    let client = Client::new(env.store.clone(), env.broker.clone());
     for i in 0..500 {
-        client
-            .enqueue(
-                "work",
-                json!({"n": i}),
-                EnqueueOptions {
-                    id: Some(format!("purged-{i}")),
-                    ..Default::default()
-                },
-            )
+        env.enqueue_id("work", &format!("purged-{i}"), json!({"n": i}))
             .await
             .unwrap();
     }
@@ -333,7 +334,7 @@ async fn sigterm_finishes_short_jobs_releases_long_ones_and_exits_cleanly() {
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, "shutdown_grace = \"1s\"\n")).await;
     let mut a = ChildWorker::spawn(&env.config, "pod-a");
-    let long = publish_held(&env, "long", 2).await;
+    let long = env.publish_held("long", 2).await;
     for i in 0..3 {
         env.publish_raw(
             "work",
@@ -488,7 +489,7 @@ async fn drain_endpoint_releases_running_jobs_and_turns_unready() {
 
 #[tokio::test]
 async fn postgres_and_nats_restarts_lose_nothing() {
-    let pg = jobwarden::testkit::PgCluster::start().unwrap();
+    let pg = common::testkit::PgCluster::start().unwrap();
     let mut env = TestEnv::with_database(
         &pg.url(),
         "sweep_every = \"500ms\"\nbroker_lost_after = \"2s\"\nheartbeat_every = \"1s\"\n\
@@ -506,7 +507,6 @@ async fn postgres_and_nats_restarts_lose_nothing() {
         }
     });
     let worker = env.worker(&[("h", h)]).await;
-    let client = Client::new(env.store.clone(), env.broker.clone());
     let mut submitted = std::collections::HashSet::new();
     let started = Instant::now();
     let mut pg_restarted = false;
@@ -515,17 +515,7 @@ async fn postgres_and_nats_restarts_lose_nothing() {
     while started.elapsed() < Duration::from_secs(6) {
         let id = format!("fault-{i}");
         i += 1;
-        match client
-            .enqueue(
-                "work",
-                json!({}),
-                EnqueueOptions {
-                    id: Some(id.clone()),
-                    ..Default::default()
-                },
-            )
-            .await
-        {
+        match env.enqueue_id("work", &id, json!({})).await {
             // Stored (even if the publish failed): it must complete.
             Ok(_) | Err(jobwarden::client::ClientError::Publish { .. }) => {
                 submitted.insert(id);
@@ -581,7 +571,7 @@ async fn a_second_signal_exits_at_once() {
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, "shutdown_grace = \"60s\"\n")).await;
     let mut a = ChildWorker::spawn(&env.config, "pod-a");
-    publish_held(&env, "stubborn", 1).await;
+    env.publish_held("stubborn", 1).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 1 }).await);
     a.signal(Signal::SIGTERM);
     // The first signal starts a 60 s drain: the process is still there.

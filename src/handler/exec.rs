@@ -72,6 +72,7 @@ impl ExecHandler {
             .env("JOB_WORKER", &job.worker_id)
             .env("JOB_MAX_ATTEMPTS", job.max_attempts.to_string())
             .env("JOBWARDEN_API", &job.api_base)
+            .env("JOB_PROGRESS_URL", job.progress_url())
             .process_group(0) // its own group, id = its pid
             .kill_on_drop(true)
             .stdin(Stdio::piped())
@@ -86,7 +87,7 @@ impl ExecHandler {
     /// SIGTERM to the group, up to `grace` for all of it to exit, then SIGKILL; the child is
     /// always reaped. The leader is not reaped before the first signal, so `pgid` still
     /// names our group.
-    async fn terminate(&self, child: &mut Child, pgid: Pid) {
+    async fn terminate(&self, child: &mut Child, pgid: Pid, grace: Duration) {
         let _ = killpg(pgid, Signal::SIGTERM);
         let all_gone = async {
             let _ = child.wait().await;
@@ -94,7 +95,7 @@ impl ExecHandler {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        let _ = tokio::time::timeout(self.grace, all_gone).await;
+        let _ = tokio::time::timeout(grace, all_gone).await;
         let _ = killpg(pgid, Signal::SIGKILL);
         let _ = child.wait().await;
     }
@@ -169,7 +170,9 @@ impl Handler for ExecHandler {
                 exit_outcome(status, result, &tail)
             }
             Err(message) => {
-                self.terminate(&mut child, pgid).await;
+                // A lost attempt (the job may run elsewhere soon) gets a shorter grace.
+                let grace = self.grace.min(job.control.kill_grace());
+                self.terminate(&mut child, pgid, grace).await;
                 Err(JobError::retry(message))
             }
         };
@@ -329,7 +332,12 @@ mod tests {
 
     #[async_trait]
     impl ProgressSink for Recorder {
-        async fn report(&self, id: &str, report: Progress) -> Result<(), LostOwnership> {
+        async fn report(
+            &self,
+            id: &str,
+            _lease: i64,
+            report: Progress,
+        ) -> Result<(), LostOwnership> {
             let mut reports = self.0.lock().unwrap();
             if reports.len() >= self.1 {
                 return Err(LostOwnership(id.into()));

@@ -55,11 +55,7 @@ impl HttpHandler {
             "attempt": job.attempt,
             "max_attempts": job.max_attempts,
             "payload": job.payload,
-            "progress_url": format!(
-                "{}/v1/jobs/{}/progress",
-                job.api_base.trim_end_matches('/'),
-                job.id
-            ),
+            "progress_url": job.progress_url(),
         });
         let mut req = self
             .client
@@ -257,7 +253,7 @@ mod tests {
         let expected = json!({
             "id": "job-1", "queue": "emails", "attempt": 2, "max_attempts": 5,
             "payload": {"to": "a@b.c"},
-            "progress_url": "http://127.0.0.1:7433/v1/jobs/job-1/progress",
+            "progress_url": "http://127.0.0.1:7433/v1/jobs/job-1/progress?lease=1",
         });
         assert_eq!(serde_json::from_str::<Value>(body).unwrap(), expected);
 

@@ -15,9 +15,80 @@ pub mod http;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// Why a running attempt was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The job was taken from this worker (reclaimed, cancelled), or the worker fenced
+    /// itself off: another worker may run it soon, so it stops quickly and settles nothing.
+    Lost,
+    /// Graceful shutdown or drain: the job is given back without costing an attempt.
+    Shutdown,
+}
+
+/// Stops one attempt: the reason, then its cancellation token (the handler sees the
+/// token; the worker reads the reason).
+#[derive(Debug)]
+pub struct AttemptControl {
+    cancel: CancellationToken,
+    reason: AtomicU8,
+    /// SIGTERM→SIGKILL grace for an exec handler, in ms.
+    kill_grace_ms: AtomicU64,
+    /// The grace used when the attempt is lost (shorter: the job may run elsewhere soon).
+    lost_grace: Duration,
+}
+
+impl AttemptControl {
+    pub fn new(lost_grace: Duration) -> AttemptControl {
+        AttemptControl {
+            cancel: CancellationToken::new(),
+            reason: AtomicU8::new(0),
+            kill_grace_ms: AtomicU64::new(exec::KILL_GRACE.as_millis() as u64),
+            lost_grace,
+        }
+    }
+
+    /// Stops the attempt for `why` (the first reason given wins).
+    pub fn stop(&self, why: Stop) {
+        let code = match why {
+            Stop::Lost => 1,
+            Stop::Shutdown => 2,
+        };
+        if self
+            .reason
+            .compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+            && why == Stop::Lost
+        {
+            let grace = exec::KILL_GRACE.min(self.lost_grace);
+            self.kill_grace_ms
+                .store(grace.as_millis() as u64, Ordering::SeqCst);
+        }
+        self.cancel.cancel();
+    }
+
+    /// Why the attempt was stopped, if it was.
+    pub fn stopped(&self) -> Option<Stop> {
+        match self.reason.load(Ordering::SeqCst) {
+            1 => Some(Stop::Lost),
+            2 => Some(Stop::Shutdown),
+            _ => None,
+        }
+    }
+
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// How long an exec handler's process group gets between SIGTERM and SIGKILL now.
+    pub fn kill_grace(&self) -> Duration {
+        Duration::from_millis(self.kill_grace_ms.load(Ordering::SeqCst))
+    }
+}
 
 /// A job handed to a handler.
 #[derive(Clone)]
@@ -38,6 +109,10 @@ pub struct JobContext {
     pub worker_id: String,
     /// Cancelled when the worker must stop this attempt (ownership lost, shutdown, cancel).
     pub cancel: CancellationToken,
+    /// The fencing token of this attempt: progress reports name it, so a report from an
+    /// attempt that was stopped never counts for a later one.
+    pub lease: i64,
+    pub(crate) control: Arc<AttemptControl>,
     pub(crate) progress: Arc<dyn ProgressSink>,
 }
 
@@ -46,7 +121,18 @@ impl JobContext {
     /// JetStream the message is still being worked on. `Err` means the job was taken away
     /// from this worker: stop working on it.
     pub async fn progress(&self, report: Progress) -> Result<(), LostOwnership> {
-        self.progress.report(&self.id, report).await
+        self.progress.report(&self.id, self.lease, report).await
+    }
+
+    /// Where the application reports this attempt's progress over HTTP (the sidecar's local
+    /// API): `<api>/v1/jobs/<id>/progress?lease=<lease>`.
+    pub fn progress_url(&self) -> String {
+        format!(
+            "{}/v1/jobs/{}/progress?lease={}",
+            self.api_base.trim_end_matches('/'),
+            self.id,
+            self.lease
+        )
     }
 
     /// Idempotency key for side effects of this attempt: `<job id>` is stable across retries.
@@ -59,10 +145,11 @@ impl JobContext {
         struct Nowhere;
         #[async_trait]
         impl ProgressSink for Nowhere {
-            async fn report(&self, _: &str, _: Progress) -> Result<(), LostOwnership> {
+            async fn report(&self, _: &str, _: i64, _: Progress) -> Result<(), LostOwnership> {
                 Ok(())
             }
         }
+        let control = Arc::new(AttemptControl::new(exec::KILL_GRACE));
         JobContext {
             id: id.into(),
             queue: queue.into(),
@@ -73,7 +160,9 @@ impl JobContext {
             traceparent: None,
             api_base: "http://127.0.0.1:0".into(),
             worker_id: "detached".into(),
-            cancel: CancellationToken::new(),
+            cancel: control.token().clone(),
+            lease: 1,
+            control,
             progress: Arc::new(Nowhere),
         }
     }
@@ -99,7 +188,8 @@ pub struct LostOwnership(pub String);
 /// Where progress reports go (the worker implements it with a fenced write + in-progress ack).
 #[async_trait]
 pub trait ProgressSink: Send + Sync {
-    async fn report(&self, job_id: &str, report: Progress) -> Result<(), LostOwnership>;
+    async fn report(&self, job_id: &str, lease: i64, report: Progress)
+        -> Result<(), LostOwnership>;
 }
 
 /// How an attempt failed.

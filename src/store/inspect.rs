@@ -4,6 +4,7 @@
 use super::{Result, Store};
 use serde::Serialize;
 use serde_json::Value;
+use std::time::Duration;
 
 /// A job as `jobs show` prints it.
 #[derive(Debug, Clone, Serialize)]
@@ -108,6 +109,33 @@ impl Store {
             .collect())
     }
 
+    /// What job `id` waits for, in words (`None`: no such job).
+    pub async fn job_explain(&self, id: &str) -> Result<Option<String>> {
+        let c = self.raw().await?;
+        let Some(r) = c
+            .query_opt(include_str!("sql/job_explain.sql"), &[&id])
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(explain(&Waiting {
+            status: r.get(0),
+            attempts: r.get(1),
+            due_in: Duration::from_millis(r.get::<_, i64>(2).max(0) as u64),
+            ahead_higher: r.get(3),
+            ahead_same: r.get(4),
+            running: r.get(5),
+            workers_alive: r.get(6),
+            cap: r.get(7),
+            rate: r
+                .get::<_, Option<i32>>(8)
+                .zip(r.get::<_, Option<i64>>(9))
+                .map(|(n, ms)| (n, Duration::from_millis(ms.max(0) as u64))),
+            cap_held: r.get(10),
+            rate_used: r.get(11),
+        })))
+    }
+
     /// Newest first, filtered by queue and/or status.
     pub async fn job_list(
         &self,
@@ -138,5 +166,128 @@ impl Store {
             .into_iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect())
+    }
+}
+
+/// What a job that is not running waits for, in numbers (see `job_explain.sql`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Waiting {
+    pub status: String,
+    pub attempts: i32,
+    pub due_in: Duration,
+    pub ahead_higher: i64,
+    pub ahead_same: i64,
+    pub running: i64,
+    pub workers_alive: i64,
+    /// The queue's cluster-wide cap and rate limit (starts per window), if any.
+    pub cap: Option<i32>,
+    pub rate: Option<(i32, Duration)>,
+    /// Grants running under the cap; starts inside the rate limit's window.
+    pub cap_held: i64,
+    pub rate_used: i64,
+}
+
+/// Says in words what a job waits for.
+pub fn explain(w: &Waiting) -> String {
+    let due = crate::config::fmt_dur(w.due_in);
+    match w.status.as_str() {
+        "scheduled" if w.due_in.is_zero() => {
+            "due now: the scheduler publishes it within scheduler_every".to_string()
+        }
+        "scheduled" if w.attempts == 0 => format!("waits for its run_at: due in {due}"),
+        "scheduled" => format!(
+            "waits out its retry backoff after attempt {} failed: due in {due}",
+            w.attempts
+        ),
+        "queued" => {
+            let mut s = if let Some(cap) = w.cap.filter(|c| w.cap_held >= i64::from(*c)) {
+                format!(
+                    "waits for the queue's cluster-wide cap: {} of {cap} running \
+                     (global_concurrency)",
+                    w.cap_held
+                )
+            } else if let Some((n, win)) = w.rate.filter(|(n, _)| w.rate_used >= i64::from(*n)) {
+                format!(
+                    "waits for a token of its queue's rate limit ({n}/{}: {} started in the \
+                     last {})",
+                    crate::config::fmt_dur(win),
+                    w.rate_used,
+                    crate::config::fmt_dur(win)
+                )
+            } else if w.ahead_higher > 0 {
+                format!(
+                    "waits for a slot behind {} queued job(s) of higher priority and {} older \
+                     one(s) of its own priority",
+                    w.ahead_higher, w.ahead_same
+                )
+            } else if w.ahead_same > 0 {
+                format!(
+                    "waits for a slot behind {} older queued job(s) of its priority",
+                    w.ahead_same
+                )
+            } else {
+                "next in line: waits for a free slot".to_string()
+            };
+            s.push_str(&format!(
+                "; {} of its queue running, {} worker(s) alive",
+                w.running, w.workers_alive
+            ));
+            if w.workers_alive == 0 {
+                s.push_str(" — no worker is running: start `jobwarden run`");
+            }
+            s
+        }
+        "processing" => "running (see worker and last activity)".to_string(),
+        "completed" | "dead" | "cancelled" => format!("{}: waits for nothing", w.status),
+        other => format!("status {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(status: &str) -> Waiting {
+        Waiting {
+            status: status.into(),
+            attempts: 0,
+            due_in: Duration::ZERO,
+            ahead_higher: 0,
+            ahead_same: 0,
+            running: 2,
+            workers_alive: 1,
+            cap: None,
+            rate: None,
+            cap_held: 0,
+            rate_used: 0,
+        }
+    }
+
+    #[test]
+    fn each_wait_is_said_in_words() {
+        let mut s = w("scheduled");
+        s.due_in = Duration::from_secs(90);
+        assert_eq!(explain(&s), "waits for its run_at: due in 1m 30s");
+        s.attempts = 2;
+        assert!(explain(&s).starts_with("waits out its retry backoff after attempt 2"));
+        let mut q = w("queued");
+        q.ahead_higher = 3;
+        q.ahead_same = 4;
+        assert!(explain(&q).contains("behind 3 queued job(s) of higher priority and 4 older"));
+        q.workers_alive = 0;
+        assert!(explain(&q).contains("no worker is running"));
+        assert!(explain(&w("completed")).contains("waits for nothing"));
+        let mut capped = w("queued");
+        capped.cap = Some(3);
+        capped.cap_held = 3;
+        assert!(explain(&capped).starts_with("waits for the queue's cluster-wide cap: 3 of 3"));
+        let mut limited = w("queued");
+        limited.rate = Some((20, Duration::from_secs(10)));
+        limited.rate_used = 20;
+        assert!(
+            explain(&limited).starts_with("waits for a token of its queue's rate limit (20/10s"),
+            "{}",
+            explain(&limited)
+        );
     }
 }

@@ -1,9 +1,12 @@
-//! Statements of the recovery services: the heartbeat reaper, start-up reconciliation, the
-//! stale sweep, graceful release and broker-loss reconciliation. Each reclaim records its
-//! reason in `job_attempts`.
+//! Workers and recovery: registration and heartbeats (with the thresholds each worker
+//! declares, by which every other pod judges it), the heartbeat reaper, start-up
+//! reconciliation, the stale sweep, graceful release and the self-fence give-back. Each
+//! reclaim records its reason in `job_attempts`.
 
+use super::jobs::ms;
 use super::{Result, Store};
 use crate::job::JobStatus;
+use crate::liveness::Incarnation;
 use std::time::Duration;
 
 /// A job taken back from its owner.
@@ -16,18 +19,19 @@ pub struct Reclaimed {
     pub queue: String,
 }
 
-/// Another registered incarnation of this hostname.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Incarnation {
-    pub id: String,
+/// What a worker registers about itself.
+#[derive(Debug, Clone)]
+pub struct Registration<'a> {
+    pub id: &'a str,
+    pub hostname: &'a str,
     pub pid: i32,
-    pub boot_id: Option<String>,
+    pub boot_id: Option<&'a str>,
     pub proc_start: Option<i64>,
-    pub pid_ns: Option<String>,
-}
-
-fn ms(d: Duration) -> i64 {
-    d.as_millis().min(i64::MAX as u128) as i64
+    pub pid_ns: Option<&'a str>,
+    /// How often it beats, and after how much silence it counts as dead: every reaper
+    /// judges it by these, not by its own settings.
+    pub heartbeat_every: Duration,
+    pub dead_after: Duration,
 }
 
 fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
@@ -42,17 +46,61 @@ fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
 }
 
 impl Store {
-    /// Declares workers silent for `dead_after` dead and takes back their jobs.
-    pub async fn job_reclaim_dead_owners(
-        &self,
-        dead_after: Duration,
-        limit: i64,
-    ) -> Result<Vec<Reclaimed>> {
+    /// Registers (or re-registers) a worker, with the thresholds it declares.
+    pub async fn worker_register(&self, w: &Registration<'_>) -> Result<()> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/worker_register.sql"))
+            .await?;
+        let version = env!("CARGO_PKG_VERSION");
+        c.execute(
+            &st,
+            &[
+                &w.id,
+                &w.hostname,
+                &w.pid,
+                &version,
+                &w.boot_id,
+                &w.proc_start,
+                &w.pid_ns,
+                &ms(w.heartbeat_every),
+                &ms(w.dead_after),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Refreshes this worker's heartbeat. `None`: the row says this worker stopped (others
+    /// declared it dead). Otherwise how long before the answer the database stamped the
+    /// heartbeat (measured on its own clock).
+    pub async fn worker_beat(&self, id: &str) -> Result<Option<Duration>> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/worker_beat.sql"))
+            .await?;
+        Ok(c.query_opt(&st, &[&id])
+            .await?
+            .map(|r| Duration::from_secs_f64(r.get::<_, f64>(0).max(0.0))))
+    }
+
+    pub async fn worker_stop(&self, id: &str, reason: &str) -> Result<()> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/worker_stop.sql"))
+            .await?;
+        c.execute(&st, &[&id, &reason]).await?;
+        Ok(())
+    }
+
+    /// Declares dead the workers silent past the dead_after each declared, and takes back
+    /// their jobs.
+    pub async fn job_reclaim_dead_owners(&self, limit: i64) -> Result<Vec<Reclaimed>> {
         let c = self.raw().await?;
         let st = c
             .prepare_cached(include_str!("sql/job_reclaim_dead_owners.sql"))
             .await?;
-        Ok(reclaimed(c.query(&st, &[&ms(dead_after), &limit]).await?))
+        Ok(reclaimed(c.query(&st, &[&limit]).await?))
     }
 
     /// Marks the given workers stopped and takes back their jobs (start-up reconciliation).
@@ -68,64 +116,66 @@ impl Store {
         Ok(reclaimed(c.query(&st, &[&owners, &reason]).await?))
     }
 
-    /// Takes back jobs without activity for their queue's stale_after.
+    /// Takes back jobs past the stale deadline their owner declared (`fallback` judges jobs
+    /// claimed by versions that stored none).
     pub async fn job_reclaim_stale(
         &self,
-        default_stale: Duration,
-        per_queue: &[(String, Duration)],
         limit: i64,
+        fallback: Duration,
     ) -> Result<Vec<Reclaimed>> {
-        let queues: Vec<&str> = per_queue.iter().map(|(q, _)| q.as_str()).collect();
-        let stale: Vec<i64> = per_queue.iter().map(|(_, d)| ms(*d)).collect();
-        let least = stale
-            .iter()
-            .copied()
-            .chain([ms(default_stale)])
-            .min()
-            .unwrap_or(0);
         let c = self.raw().await?;
         let st = c
             .prepare_cached(include_str!("sql/job_reclaim_stale.sql"))
             .await?;
-        Ok(reclaimed(
-            c.query(&st, &[&ms(default_stale), &queues, &stale, &least, &limit])
-                .await?,
-        ))
+        Ok(reclaimed(c.query(&st, &[&limit, &ms(fallback)]).await?))
     }
 
-    /// Gives back jobs this worker owns (fenced by lease); returns the ids released.
-    pub async fn job_release(
+    /// Gives back jobs the database says this worker owns but that no longer run in it
+    /// (stopped by a self-fence): the attempt counts, like any reclaim.
+    pub async fn job_reclaim_mine(
         &self,
         worker_id: &str,
         jobs: &[(String, i64)],
-        reason: &str,
-        refund: bool,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<Reclaimed>> {
         let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
         let leases: Vec<i64> = jobs.iter().map(|(_, l)| *l).collect();
         let c = self.raw().await?;
         let st = c
-            .prepare_cached(include_str!("sql/job_release.sql"))
+            .prepare_cached(include_str!("sql/job_reclaim_mine.sql"))
             .await?;
-        let refund = i32::from(refund);
-        let rows = c
-            .query(&st, &[&worker_id, &ids, &leases, &reason, &refund])
-            .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        Ok(reclaimed(c.query(&st, &[&worker_id, &ids, &leases]).await?))
     }
 
-    /// Re-schedules `queued` jobs of `queue` older than `deadline` (their message is gone).
+    /// Broker-loss repair for one queue: re-schedules `queued` jobs older than `deadline`
+    /// whose message cannot be in the stream any more (see `job_requeue_lost.sql`).
     pub async fn job_requeue_lost(
         &self,
         queue: &str,
+        priority: i16,
         deadline: Duration,
         limit: i64,
+        stream: &crate::broker::StreamPosition,
     ) -> Result<Vec<String>> {
         let c = self.raw().await?;
         let st = c
             .prepare_cached(include_str!("sql/job_requeue_lost.sql"))
             .await?;
-        let rows = c.query(&st, &[&queue, &ms(deadline), &limit]).await?;
+        let gone_upto = stream.gone_upto as i64;
+        let last = stream.last_seq as i64;
+        let rows = c
+            .query(
+                &st,
+                &[
+                    &queue,
+                    &ms(deadline),
+                    &limit,
+                    &gone_upto,
+                    &last,
+                    &stream.created,
+                    &priority,
+                ],
+            )
+            .await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
 

@@ -5,12 +5,18 @@
 //! Connections come from a deadpool pool built on a `tokio_postgres::Config` (so TCP
 //! keepalives and timeouts can be set), with `search_path` set to the configured schema.
 
+mod cron;
+mod flow;
 mod inspect;
+mod jobs;
 mod liveness;
+mod messages;
 mod ops;
+pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
-pub use liveness::{Incarnation, Reclaimed};
-pub use ops::{format_stats, QueueStats};
+pub use liveness::{Reclaimed, Registration};
+pub use messages::{UnservedRow, PUBLISH_RETRY};
+pub use ops::{format_stats, format_unserved, QueueStats};
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};
@@ -28,7 +34,9 @@ mod embedded {
 pub enum StoreError {
     #[error("PostgreSQL at {target} is unreachable: {cause}; check database.url and that the server is running")]
     Unreachable { target: String, cause: String },
-    #[error("database error: {0}")]
+    #[error("PostgreSQL at {target} refused the connection: {reason}; check database.url (user, password, database name) and the server's pg_hba.conf")]
+    Refused { target: String, reason: String },
+    #[error("database error: {}", describe_db_error(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("database pool: {0}")]
     Pool(String),
@@ -39,6 +47,31 @@ pub enum StoreError {
     /// A fenced write matched no row: the job was taken from this owner.
     #[error("job {job_id}: lease {lease} is no longer held by this worker (ownership lost)")]
     LostOwnership { job_id: String, lease: i64 },
+}
+
+/// The server's own words for an error (message, detail, hint), not tokio-postgres's
+/// generic "db error".
+fn describe_db_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = db.message().to_string();
+            if let Some(d) = db.detail() {
+                s.push_str(&format!(" ({d})"));
+            }
+            if let Some(h) = db.hint() {
+                s.push_str(&format!("; hint: {h}"));
+            }
+            s
+        }
+        None => e.to_string(),
+    }
+}
+
+/// Errors of a server that is starting up, shutting down or out of connections (SQLSTATE
+/// classes 08, 53, 57): worth waiting for, unlike a refusal.
+fn is_transient(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| matches!(&db.code().code()[..2], "08" | "53" | "57"))
 }
 
 impl StoreError {
@@ -64,7 +97,7 @@ impl From<deadpool_postgres::PoolError> for StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// One message of a claim batch, with the queue's defaults filled in.
+/// One message of a claim batch (or an adoption), with the queue's defaults filled in.
 #[derive(Debug, Clone)]
 pub struct ClaimInput {
     pub job: NewJob,
@@ -73,7 +106,16 @@ pub struct ClaimInput {
     pub traceparent: Option<String>,
 }
 
-/// What the claim statement made of one id.
+/// What the claim statement made of a batch: one answer per input, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimAnswer {
+    /// False when this worker is not registered (others declared it dead): nothing was
+    /// claimed or inserted, and every answer is [`Claim::Duplicate`].
+    pub alive: bool,
+    pub claims: Vec<Claim>,
+}
+
+/// What the claim statement made of one message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
     /// This worker owns the job now under `lease`. `payload` is the row's payload when the
@@ -88,9 +130,13 @@ pub enum Claim {
         backoff: Option<crate::backoff::Backoff>,
         /// The trace context stored with the job.
         traceparent: Option<String>,
+        /// The row existed with another payload than the message's: the message is
+        /// another job that reused this id.
+        conflict: bool,
     },
     /// The job exists and is not claimable now (terminal, running elsewhere, or waiting).
-    NotClaimable(JobStatus),
+    /// `conflict`: it holds another payload than the message's.
+    NotClaimable { status: JobStatus, conflict: bool },
     /// No row came back: another transaction inserted this id or idempotency key concurrently.
     Duplicate,
     /// The id belongs to a job of another queue.
@@ -124,6 +170,35 @@ pub struct DueJob {
     pub generation: i32,
 }
 
+/// What became of one round of due jobs handed to the publisher.
+#[derive(Debug, Clone, Default)]
+pub struct PublishReport {
+    /// Taken by the stream: (id, stream sequence).
+    pub published: Vec<(String, u64)>,
+    /// Answered `duplicate`: their message id was taken; published again next round under
+    /// the next generation.
+    pub duplicates: Vec<String>,
+    /// Failed for now (broker unreachable, timed out): retried after a short wait.
+    pub failed: Vec<String>,
+    /// Can never be published (over the server's max_payload): (id, reason), dead-lettered.
+    pub unpublishable: Vec<(String, String)>,
+    /// Why the first failed publish failed (for the log).
+    pub first_error: Option<String>,
+}
+
+/// What one round of the scheduler did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DueRound {
+    pub locked: usize,
+    pub published: usize,
+    pub duplicates: usize,
+    pub failed: usize,
+    /// Dead-lettered as unpublishable: (id, queue).
+    pub dead: Vec<(String, String)>,
+    /// Why the first failed publish failed.
+    pub first_error: Option<String>,
+}
+
 /// Result of an enqueue through the store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Enqueued {
@@ -132,6 +207,8 @@ pub struct Enqueued {
     /// False when the id or idempotency key existed already (the existing job is returned).
     pub created: bool,
     pub generation: i32,
+    /// Whether the job holds the payload that was enqueued (always, when created).
+    pub same_payload: bool,
 }
 
 #[derive(Clone)]
@@ -139,6 +216,8 @@ pub struct Store {
     pool: Pool,
     schema: String,
     target: String,
+    /// How to open a connection of its own (LISTEN cannot use a pooled one).
+    pg: tokio_postgres::Config,
 }
 
 impl Store {
@@ -153,8 +232,12 @@ impl Store {
         // row of this worker) or scan the whole table per batch. Every statement here is a
         // key lookup or a hash join between a batch and the rows it names, so seq scans and
         // nested loops are discouraged (still used where nothing else applies).
+        //
+        // JIT is off: these statements run in a millisecond, and the disabled plan types above
+        // add a huge cost that would push every one of them past the JIT thresholds, making
+        // PostgreSQL compile machine code for each execution (hundreds of ms).
         pg.options(format!(
-            "-c search_path={} -c enable_seqscan=off -c enable_nestloop=off",
+            "-c search_path={} -c enable_seqscan=off -c enable_nestloop=off -c jit=off",
             cfg.schema
         ))
         .connect_timeout(cfg.connect_timeout)
@@ -166,7 +249,7 @@ impl Store {
         .application_name("jobwarden");
         let target = describe_target(&pg);
         let mgr = Manager::from_config(
-            pg,
+            pg.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -184,9 +267,52 @@ impl Store {
             pool,
             schema: cfg.schema.clone(),
             target,
+            pg,
         };
         store.ping().await?;
         Ok(store)
+    }
+
+    /// Listens for `NOTIFY jobwarden_enqueue` from this schema's `enqueue()` (sent when the
+    /// enqueuing transaction commits) on a connection of its own. The receiver gets one
+    /// message per wake-up (several notifications may fold into one) and closes when the
+    /// connection ends; open it again then.
+    pub async fn listen_enqueues(&self) -> Result<tokio::sync::mpsc::Receiver<()>> {
+        use futures::StreamExt;
+        let (client, mut conn) =
+            self.pg
+                .connect(NoTls)
+                .await
+                .map_err(|e| StoreError::Unreachable {
+                    target: self.target.clone(),
+                    cause: e.to_string(),
+                })?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let schema = self.schema.clone();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    m = messages.next() => match m {
+                        Some(Ok(tokio_postgres::AsyncMessage::Notification(n)))
+                            if n.payload() == schema =>
+                        {
+                            let _ = tx.try_send(());
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return,
+                    },
+                }
+            }
+        });
+        client.batch_execute("LISTEN jobwarden_enqueue").await?;
+        // The connection lives as long as its driver: keep the client until then.
+        tokio::spawn(async move {
+            let _client = client;
+            let _ = driver.await;
+        });
+        Ok(rx)
     }
 
     /// Where the store points, for messages ("127.0.0.1:5432/test").
@@ -206,12 +332,34 @@ impl Store {
                     cause: err.to_string(),
                 }
             }
+            // Starting up, shutting down, out of connections: a passing state, retried.
+            deadpool_postgres::PoolError::Backend(err) if is_transient(&err) => {
+                StoreError::Unreachable {
+                    target: self.target.clone(),
+                    cause: describe_db_error(&err),
+                }
+            }
+            // The server answered and said no (no such database, authentication): say why.
+            deadpool_postgres::PoolError::Backend(err) => StoreError::Refused {
+                target: self.target.clone(),
+                reason: describe_db_error(&err),
+            },
             deadpool_postgres::PoolError::Timeout(_) => StoreError::Unreachable {
                 target: self.target.clone(),
                 cause: "timed out connecting".into(),
             },
             other => other.into(),
         })
+    }
+
+    /// The database's clock (every due-time and staleness comparison uses it — invariant 4).
+    pub async fn db_now(&self) -> Result<std::time::SystemTime> {
+        Ok(self
+            .client()
+            .await?
+            .query_one("SELECT now()", &[])
+            .await?
+            .get(0))
     }
 
     pub async fn ping(&self) -> Result<()> {
@@ -274,383 +422,6 @@ impl Store {
         Ok(())
     }
 
-    // ---- workers ----------------------------------------------------------------------
-
-    pub async fn worker_register(
-        &self,
-        id: &str,
-        hostname: &str,
-        pid: i32,
-        boot_id: Option<&str>,
-        proc_start: Option<i64>,
-    ) -> Result<()> {
-        let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/worker_register.sql"))
-            .await?;
-        let version = env!("CARGO_PKG_VERSION");
-        let pid_ns = crate::liveness::pid_namespace();
-        c.execute(
-            &st,
-            &[
-                &id,
-                &hostname,
-                &pid,
-                &version,
-                &boot_id,
-                &proc_start,
-                &pid_ns,
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Refreshes this worker's heartbeat. `false`: the row says this worker stopped.
-    pub async fn worker_beat(&self, id: &str) -> Result<bool> {
-        let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/worker_beat.sql"))
-            .await?;
-        Ok(c.execute(&st, &[&id]).await? == 1)
-    }
-
-    pub async fn worker_stop(&self, id: &str, reason: &str) -> Result<()> {
-        let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/worker_stop.sql"))
-            .await?;
-        c.execute(&st, &[&id, &reason]).await?;
-        Ok(())
-    }
-
-    // ---- the hot path -----------------------------------------------------------------
-
-    /// Claims a batch of delivered jobs in one statement. Ids must be distinct.
-    pub async fn job_claim(
-        &self,
-        worker_id: &str,
-        batch: &[ClaimInput],
-    ) -> Result<Vec<(String, Claim)>> {
-        let n = batch.len();
-        let (mut ids, mut queues, mut payloads, mut prios) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let mut backoffs: Vec<Option<Value>> = Vec::with_capacity(n);
-        let traces: Vec<Option<&str>> = batch.iter().map(|c| c.traceparent.as_deref()).collect();
-        let (mut maxes, mut timeouts, mut keys, mut run_ats) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for c in batch {
-            ids.push(c.job.id.as_str());
-            queues.push(c.job.queue.as_str());
-            payloads.push(&c.job.payload);
-            prios.push(c.job.priority);
-            maxes.push(c.max_attempts);
-            timeouts.push(
-                c.job
-                    .timeout
-                    .map(|d| d.as_millis().min(i32::MAX as u128) as i32),
-            );
-            keys.push(c.job.idempotency_key.as_deref());
-            run_ats.push(c.job.run_at_ms);
-            backoffs.push(
-                c.job
-                    .backoff
-                    .as_ref()
-                    .map(|b| serde_json::to_value(b).expect("serialises")),
-            );
-        }
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_claim.sql"))
-            .await?;
-        let rows = client
-            .query(
-                &st,
-                &[
-                    &worker_id, &ids, &queues, &payloads, &prios, &maxes, &timeouts, &keys,
-                    &run_ats, &backoffs, &traces,
-                ],
-            )
-            .await?;
-        let mut out: Vec<(String, Claim)> = Vec::with_capacity(n);
-        let mut by_id = std::collections::HashMap::with_capacity(rows.len());
-        for r in rows {
-            let id: String = r.get(0);
-            let status: String = r.get(1);
-            let status = JobStatus::parse(&status).unwrap_or(JobStatus::Dead);
-            let fresh: bool = r.get(7);
-            let lease: i64 = r.get(4);
-            let claimed = status == JobStatus::Processing
-                && (fresh || r.get::<_, Option<Value>>(6).is_some());
-            let queue: String = r.get(8);
-            let input_queue = batch
-                .iter()
-                .find(|c| c.job.id == id)
-                .map(|c| c.job.queue.as_str());
-            let claim = if input_queue.is_some_and(|q| q != queue) {
-                Claim::WrongQueue(queue)
-            } else if claimed {
-                Claim::Claimed {
-                    lease,
-                    attempt: r.get(2),
-                    max_attempts: r.get(3),
-                    timeout_ms: r.get(5),
-                    payload: r.get(6),
-                    backoff: r
-                        .get::<_, Option<Value>>(9)
-                        .and_then(|v| serde_json::from_value(v).ok()),
-                    traceparent: r.get(10),
-                }
-            } else {
-                Claim::NotClaimable(status)
-            };
-            by_id.insert(id, claim);
-        }
-        for c in batch {
-            let claim = by_id.remove(&c.job.id).unwrap_or(Claim::Duplicate);
-            out.push((c.job.id.clone(), claim));
-        }
-        Ok(out)
-    }
-
-    /// Settles finished attempts in one statement; returns the ids whose fenced write took
-    /// effect. An id missing from the answer lost its ownership.
-    pub async fn job_settle(&self, worker_id: &str, batch: &[SettleInput]) -> Result<Vec<String>> {
-        let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
-        let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
-        let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
-        let delays: Vec<i64> = batch
-            .iter()
-            .map(|s| s.delay.as_millis().min(i64::MAX as u128) as i64)
-            .collect();
-        let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
-        let results: Vec<Option<&Value>> = batch.iter().map(|s| s.result.as_ref()).collect();
-        let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
-        let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_settle.sql"))
-            .await?;
-        let rows = client
-            .query(
-                &st,
-                &[
-                    &worker_id, &ids, &leases, &statuses, &delays, &errors, &results, &outcomes,
-                    &refunds,
-                ],
-            )
-            .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    /// Which of these attempts (id, lease, status settled to) this worker settled already:
-    /// for a settle that was retried after its commit answer may have been lost.
-    pub async fn job_settled_check(
-        &self,
-        worker_id: &str,
-        batch: &[SettleInput],
-    ) -> Result<Vec<String>> {
-        let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
-        let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
-        let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_settled_check.sql"))
-            .await?;
-        let rows = client
-            .query(&st, &[&worker_id, &ids, &leases, &statuses])
-            .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    /// Records a progress report (fenced). `LostOwnership` when the lease moved on.
-    pub async fn job_progress(
-        &self,
-        id: &str,
-        worker_id: &str,
-        lease: i64,
-        stage: Option<&str>,
-        progress: Option<f32>,
-        message: Option<&str>,
-    ) -> Result<()> {
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_progress.sql"))
-            .await?;
-        let n = client
-            .execute(&st, &[&id, &worker_id, &lease, &stage, &progress, &message])
-            .await?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::LostOwnership {
-                job_id: id.to_string(),
-                lease,
-            })
-        }
-    }
-
-    /// Records undeliverable messages as dead jobs; returns the ids that were inserted (an id
-    /// that exists already is left alone and goes to the poison table instead).
-    pub async fn job_dead_invalid(
-        &self,
-        worker_id: &str,
-        items: &[(String, String, Value, String)],
-    ) -> Result<Vec<String>> {
-        let ids: Vec<&str> = items.iter().map(|i| i.0.as_str()).collect();
-        let queues: Vec<&str> = items.iter().map(|i| i.1.as_str()).collect();
-        let payloads: Vec<&Value> = items.iter().map(|i| &i.2).collect();
-        let reasons: Vec<&str> = items.iter().map(|i| i.3.as_str()).collect();
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_dead_invalid.sql"))
-            .await?;
-        let rows = client
-            .query(&st, &[&worker_id, &ids, &queues, &payloads, &reasons])
-            .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    pub async fn poison_insert(
-        &self,
-        worker_id: &str,
-        subject: &str,
-        stream_seq: Option<i64>,
-        reason: &str,
-        body: &[u8],
-    ) -> Result<()> {
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/poison_insert.sql"))
-            .await?;
-        let kept = &body[..body.len().min(64 * 1024)];
-        client
-            .execute(
-                &st,
-                &[
-                    &worker_id,
-                    &subject,
-                    &stream_seq,
-                    &reason,
-                    &kept,
-                    &(body.len() as i32),
-                ],
-            )
-            .await?;
-        Ok(())
-    }
-
-    // ---- producer side ----------------------------------------------------------------
-
-    /// Inserts a job (queued, or scheduled after `delay`). An existing id or idempotency key
-    /// returns the existing job with `created: false`.
-    pub async fn job_insert(
-        &self,
-        job: &NewJob,
-        max_attempts: i32,
-        delay: Duration,
-    ) -> Result<Enqueued> {
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_insert.sql"))
-            .await?;
-        let timeout_ms = job
-            .timeout
-            .map(|d| d.as_millis().min(i32::MAX as u128) as i32);
-        let delay_ms = delay.as_millis().min(i64::MAX as u128) as i64;
-        let backoff = job
-            .backoff
-            .as_ref()
-            .map(|b| serde_json::to_value(b).expect("a backoff serialises"));
-        let row = client
-            .query_opt(
-                &st,
-                &[
-                    &job.id,
-                    &job.queue,
-                    &job.payload,
-                    &job.priority,
-                    &max_attempts,
-                    &timeout_ms,
-                    &job.idempotency_key,
-                    &delay_ms,
-                    &backoff,
-                ],
-            )
-            .await?;
-        if let Some(r) = row {
-            let status: String = r.get(1);
-            return Ok(Enqueued {
-                id: r.get(0),
-                status: JobStatus::parse(&status).unwrap_or(JobStatus::Queued),
-                created: true,
-                generation: r.get(2),
-            });
-        }
-        let existing = client
-            .query_opt(
-                "SELECT id, status, generation FROM jobs \
-                 WHERE id = $1 OR (queue = $2 AND idempotency_key = $3) LIMIT 1",
-                &[&job.id, &job.queue, &job.idempotency_key],
-            )
-            .await?
-            .ok_or_else(|| StoreError::Pool("enqueue conflict but no existing row".into()))?;
-        let status: String = existing.get(1);
-        Ok(Enqueued {
-            id: existing.get(0),
-            status: JobStatus::parse(&status).unwrap_or(JobStatus::Queued),
-            created: false,
-            generation: existing.get(2),
-        })
-    }
-
-    /// Publishes due scheduled jobs: locks up to `limit` of them (other pods skip locked
-    /// rows), hands them to `publish`, and marks the ones it published as queued — all in one
-    /// transaction, so a crash in between leaves them `scheduled` for the next round (a
-    /// message published twice is absorbed by the claim). Returns how many were published.
-    pub async fn job_publish_due<F, Fut>(&self, limit: i64, publish: F) -> Result<usize>
-    where
-        F: FnOnce(Vec<DueJob>) -> Fut,
-        Fut: std::future::Future<Output = Vec<String>>,
-    {
-        let mut client = self.client().await?;
-        let lock = client
-            .prepare_cached(include_str!("sql/job_due_lock.sql"))
-            .await?;
-        let mark = client
-            .prepare_cached(include_str!("sql/job_due_published.sql"))
-            .await?;
-        let tx = client.transaction().await?;
-        let rows = tx.query(&lock, &[&limit]).await?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let due: Vec<DueJob> = rows
-            .into_iter()
-            .map(|r| DueJob {
-                id: r.get(0),
-                queue: r.get(1),
-                payload: r.get(2),
-                priority: r.get(3),
-                max_attempts: r.get(4),
-                timeout_ms: r.get(5),
-                generation: r.get(6),
-            })
-            .collect();
-        let published = publish(due).await;
-        tx.execute(&mark, &[&published]).await?;
-        tx.commit().await?;
-        Ok(published.len())
-    }
-
     /// A raw pooled client, for the inspection queries in `inspect.rs` and for tests.
     pub async fn raw(&self) -> Result<deadpool_postgres::Object> {
         self.client().await
@@ -673,6 +444,9 @@ fn describe_target(pg: &tokio_postgres::Config) -> String {
 
 /// Every statement file, for the test that prepares them all against the migrated schema.
 pub const ALL_SQL: &[(&str, &str)] = &[
+    ("job_explain", include_str!("sql/job_explain.sql")),
+    ("flow_started", include_str!("sql/flow_started.sql")),
+    ("flow_done", include_str!("sql/flow_done.sql")),
     ("job_claim", include_str!("sql/job_claim.sql")),
     ("job_settle", include_str!("sql/job_settle.sql")),
     (
@@ -681,6 +455,7 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ),
     ("job_progress", include_str!("sql/job_progress.sql")),
     ("job_insert", include_str!("sql/job_insert.sql")),
+    ("job_published", include_str!("sql/job_published.sql")),
     ("job_dead_invalid", include_str!("sql/job_dead_invalid.sql")),
     ("poison_insert", include_str!("sql/poison_insert.sql")),
     ("job_due_lock", include_str!("sql/job_due_lock.sql")),
@@ -688,6 +463,19 @@ pub const ALL_SQL: &[(&str, &str)] = &[
         "job_due_published",
         include_str!("sql/job_due_published.sql"),
     ),
+    (
+        "job_dead_unpublishable",
+        include_str!("sql/job_dead_unpublishable.sql"),
+    ),
+    ("job_adopt", include_str!("sql/job_adopt.sql")),
+    ("jobs_existing", include_str!("sql/jobs_existing.sql")),
+    ("job_dead_kept", include_str!("sql/job_dead_kept.sql")),
+    (
+        "job_dead_unserved_existing",
+        include_str!("sql/job_dead_unserved_existing.sql"),
+    ),
+    ("unserved_record", include_str!("sql/unserved_record.sql")),
+    ("unserved_list", include_str!("sql/unserved_list.sql")),
     ("worker_register", include_str!("sql/worker_register.sql")),
     ("worker_beat", include_str!("sql/worker_beat.sql")),
     ("worker_stop", include_str!("sql/worker_stop.sql")),
@@ -703,7 +491,7 @@ pub const ALL_SQL: &[(&str, &str)] = &[
         "job_reclaim_stale",
         include_str!("sql/job_reclaim_stale.sql"),
     ),
-    ("job_release", include_str!("sql/job_release.sql")),
+    ("job_reclaim_mine", include_str!("sql/job_reclaim_mine.sql")),
     ("job_requeue_lost", include_str!("sql/job_requeue_lost.sql")),
     ("jobs_owned", include_str!("sql/jobs_owned.sql")),
     ("workers_on_host", include_str!("sql/workers_on_host.sql")),

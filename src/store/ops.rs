@@ -112,3 +112,33 @@ pub fn format_stats(rows: &[QueueStats]) -> String {
     }
     out
 }
+
+/// The "waiting for a worker" part of `jobwarden stats`: subjects no pod serves yet.
+pub fn format_unserved(rows: &[super::UnservedRow]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nwaiting for a worker (no consumer serves these subjects):\n");
+    out.push_str(&format!(
+        "{:<24} {:<12} {:>8} {:>10} {:>18}\n",
+        "subject", "queue", "messages", "oldest", "dead-lettered in"
+    ));
+    for r in rows {
+        let due = if r.dead_letter_in_seconds <= 0.0 {
+            "now".to_string()
+        } else {
+            format!("{:.0}s", r.dead_letter_in_seconds)
+        };
+        out.push_str(&format!(
+            "{:<24} {:<12} {:>8} {:>9.0}s {:>18}\n",
+            r.subject, r.queue, r.messages, r.oldest_seconds, due
+        ));
+    }
+    if let Some(r) = rows.first() {
+        out.push_str(&format!(
+            "(as a janitor saw them {:.0}s ago)\n",
+            r.seen_seconds_ago
+        ));
+    }
+    out
+}

@@ -1,16 +1,18 @@
 //! Settles finished attempts: decides each job's next state (pure: `backoff::settle`), writes
 //! a whole group of them in one fenced statement, and only then acks their messages
-//! (commit, then ack — invariant 3).
+//! (commit, then ack — invariant 3). The acks go to [`Outbound`](super::outbound): settling
+//! never waits on NATS, so jobs that finish during a NATS outage are settled during it.
 //!
 //! Grouping is natural: while one statement is in flight, the next finished jobs queue up in
 //! the channel and go out together in the next one. An idle completer writes a single job at
 //! once, so grouping never adds latency.
 
-use super::{Shared, Stats};
+use super::outage::Outage;
+use super::{QueuePolicy, Shared, Stats};
 use crate::backoff::{settle, Outcome, Settlement};
 use crate::job::JobStatus;
 use crate::store::SettleInput;
-use async_nats::jetstream::message::Acker;
+use async_nats::jetstream::{message::Acker, AckKind};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +25,7 @@ const MAX_GROUP: usize = 1024;
 /// A finished attempt on its way to the database.
 pub struct Finished {
     pub id: String,
-    pub queue: String,
+    pub(crate) policy: Arc<QueuePolicy>,
     pub lease: i64,
     pub attempt: u32,
     pub max_attempts: u32,
@@ -36,11 +38,15 @@ pub struct Finished {
 
 pub(crate) struct Completer {
     shared: Arc<Shared>,
+    outage: std::sync::Mutex<Outage>,
 }
 
 impl Completer {
     pub fn new(shared: Arc<Shared>) -> Completer {
-        Completer { shared }
+        Completer {
+            shared,
+            outage: std::sync::Mutex::new(Outage::new("settle")),
+        }
     }
 
     /// Runs until every sender is gone (all producers and running jobs have finished).
@@ -54,7 +60,6 @@ impl Completer {
     /// Settles one group; returns how many were settled (the rest lost ownership).
     pub async fn run_once(&self, group: Vec<Finished>) -> usize {
         let inputs: Vec<SettleInput> = group.iter().map(|f| self.decide(f)).collect();
-        let mut delay = Duration::from_millis(100);
         let mut retried = false;
         let settled = loop {
             match self
@@ -82,7 +87,10 @@ impl Completer {
                     }
                     break ids;
                 }
-                Ok(ids) => break ids.into_iter().collect::<HashSet<String>>(),
+                Ok(ids) => {
+                    self.outage.lock().expect("outage lock").ok();
+                    break ids.into_iter().collect::<HashSet<String>>();
+                }
                 Err(e) if e.rejected_data().is_some() && inputs.len() > 1 => {
                     // One attempt's data was refused: settle them one by one, so the rest of
                     // the group (and every later group) is not held up by it.
@@ -105,57 +113,42 @@ impl Completer {
                 Err(e) => {
                     // Nothing is acked until the write commits; keep trying. The messages stay
                     // pending in JetStream meanwhile, so nothing is lost if we die here.
-                    warn!(cause = %e, jobs = inputs.len(), "settling failed; retrying in {delay:?}");
                     retried = true;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    let wait = self.outage.lock().expect("outage lock").failed(&e);
+                    tokio::time::sleep(wait).await;
                 }
             }
         };
-        let stats = &self.shared.stats;
-        {
-            let mut owned = self.shared.owned.lock().expect("owned lock");
-            for f in &group {
-                if owned.get(&f.id) == Some(&f.lease) {
-                    owned.remove(&f.id);
-                }
-            }
-        }
+        let shared = &self.shared;
+        let stats = &shared.stats;
         for (f, input) in group.iter().zip(&inputs) {
+            shared.ledger.settled(&f.id, f.lease);
+            let queue = &f.policy.name;
             if !settled.contains(&f.id) {
                 Stats::add(&stats.lost_ownership, 1);
-                warn!(job.id = %f.id, job.lease = f.lease, worker.id = %self.shared.worker_id,
+                warn!(job.id = %f.id, job.lease = f.lease, worker.id = %shared.worker_id,
                       "completion rejected: job was taken from this worker (lost ownership); not acking");
                 continue;
             }
             if input.refund {
                 // Released at shutdown: nak so another worker starts it at once.
                 Stats::add(&stats.released, 1);
-                info!(job.id = %f.id, queue = %f.queue, "job released (attempt not counted)");
-                if let Err(e) = f
-                    .acker
-                    .ack_with(async_nats::jetstream::AckKind::Nak(None))
-                    .await
-                {
-                    warn!(job.id = %f.id, cause = %e, "nak after release failed");
-                }
+                info!(job.id = %f.id, %queue, "job released (attempt not counted)");
+                shared.outbound.ack(&f.acker, AckKind::Nak(None));
                 continue;
             }
             match input.status {
                 JobStatus::Completed => Stats::add(&stats.completed, 1),
                 JobStatus::Dead => {
                     Stats::add(&stats.dead, 1);
-                    info!(job.id = %f.id, queue = %f.queue, error = ?input.error, "job dead-lettered");
-                    self.shared
-                        .announce_dead(&f.queue, &f.id, input.error.as_deref())
-                        .await;
+                    info!(job.id = %f.id, %queue, error = ?input.error, "job dead-lettered");
+                    shared.announce_dead(queue, &f.id, input.error.as_deref());
                 }
                 _ => Stats::add(&stats.retried, 1),
             }
-            if let Err(e) = f.acker.ack().await {
-                // The row is settled; a redelivery will find it terminal or scheduled.
-                warn!(job.id = %f.id, cause = %e, "ack failed after commit");
-            }
+            // The row is settled; an ack that never arrives means a redelivery that finds it
+            // terminal or scheduled.
+            shared.outbound.ack(&f.acker, AckKind::Ack);
         }
         settled.len()
     }
@@ -193,14 +186,7 @@ impl Completer {
     }
 
     fn decide(&self, f: &Finished) -> SettleInput {
-        let backoff = f.backoff.unwrap_or_else(|| {
-            self.shared
-                .config
-                .queues
-                .get(&f.queue)
-                .map(|q| q.backoff)
-                .unwrap_or_default()
-        });
+        let backoff = f.backoff.unwrap_or(f.policy.backoff);
         let settlement = settle(
             crate::backoff::storable(f.outcome.clone()),
             f.attempt,

@@ -3,39 +3,39 @@
 //! outcome to the completer.
 //!
 //! Progress reports (from a Rust handler, exec stdout or the local API) go through
-//! [`WorkerProgress`]: a write fenced by `(worker_id, lease)` and an in-progress ack. When the
-//! fence rejects the write the job was taken from us: the attempt is cancelled, nothing is
+//! [`report_progress`]: they name the attempt (job id and lease), are matched against the
+//! [ledger](super::ledger), written fenced by `(worker_id, lease)` (moving the job's stale
+//! deadline by the queue's `stale_after`), and followed by an in-progress ack. When the
+//! fence rejects the write the job was taken from us: the attempt is stopped, nothing is
 //! settled or acked, and the loss is counted (invariant 1).
 
-use super::{completer::Finished, InFlight, Shared, Stats, RELEASE_WAIT, STOP_SHUTDOWN};
+use super::completer::Finished;
+use super::ledger::Attempt;
+use super::{Shared, Stats, RELEASE_WAIT};
 use crate::backoff::Outcome;
-use crate::handler::{Handler, JobContext, LostOwnership, Progress, ProgressSink};
+use crate::handler::{JobContext, LostOwnership, Progress, ProgressSink, Stop};
 use crate::store::StoreError;
-use async_nats::jetstream::{message::Acker, AckKind};
+use async_nats::jetstream::AckKind;
 use async_trait::async_trait;
 use serde_json::Value;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 /// Extra time the worker gives a handler past its timeout before abandoning it: handlers
 /// enforce the timeout themselves (exec kills its process group), this is the backstop.
 const TIMEOUT_BACKSTOP: Duration = Duration::from_secs(7);
 
-/// A job this worker now owns.
+/// A job this worker now owns, as the claim answered.
 pub(crate) struct Owned {
     pub id: String,
-    pub queue: String,
     pub lease: i64,
     pub attempt: u32,
     pub max_attempts: u32,
     pub timeout: Duration,
     pub payload: Value,
     pub traceparent: Option<String>,
-    pub acker: Arc<Acker>,
     /// The job's own backoff, overriding the queue's.
     pub backoff: Option<crate::backoff::Backoff>,
 }
@@ -43,24 +43,16 @@ pub(crate) struct Owned {
 /// Runs the job to its end and sends the outcome to the completer (unless ownership was lost).
 pub(crate) async fn execute(
     shared: Arc<Shared>,
-    handler: Arc<dyn Handler>,
+    attempt: Attempt,
     job: Owned,
     done: mpsc::Sender<Finished>,
 ) {
-    let cancel = CancellationToken::new();
-    let stop = Arc::new(AtomicU8::new(0));
-    shared.inflight.lock().expect("inflight lock").insert(
-        job.id.clone(),
-        InFlight {
-            lease: job.lease,
-            acker: job.acker.clone(),
-            cancel: cancel.clone(),
-            stop: stop.clone(),
-        },
-    );
+    let policy = attempt.policy.clone();
+    let handler = policy.handler.clone();
+    let control = attempt.control.clone();
     let ctx = JobContext {
         id: job.id.clone(),
-        queue: job.queue.clone(),
+        queue: policy.name.clone(),
         attempt: job.attempt,
         max_attempts: job.max_attempts,
         payload: job.payload,
@@ -68,9 +60,12 @@ pub(crate) async fn execute(
         traceparent: job.traceparent,
         api_base: shared.api_base.clone(),
         worker_id: shared.worker_id.clone(),
-        cancel: cancel.clone(),
+        cancel: control.token().clone(),
+        lease: job.lease,
+        control: control.clone(),
         progress: Arc::new(WorkerProgress(shared.clone())),
     };
+    shared.ledger.started(&job.id, job.lease);
     let started = Instant::now();
     // In-progress acks keep JetStream from redelivering a long job (invariant 5); they say
     // nothing about the job's health, which only progress reports refresh.
@@ -94,8 +89,8 @@ pub(crate) async fn execute(
         loop {
             tokio::select! {
                 res = &mut run => break Some(outcome_of(res)),
-                _ = cancel.cancelled() => {
-                    let shutdown = stop.load(Ordering::SeqCst) == STOP_SHUTDOWN;
+                _ = control.token().cancelled() => {
+                    let shutdown = control.stopped() == Some(Stop::Shutdown);
                     // The handler saw the cancel too (exec sends its process group TERM, then
                     // KILL after a grace; http aborts the request): give it that long to stop
                     // cleanly. A Rust handler is simply dropped when its job was lost.
@@ -111,48 +106,39 @@ pub(crate) async fn execute(
                     break if shutdown { late.or(Some(Outcome::Released)) } else { late };
                 }
                 _ = &mut deadline => {
-                    cancel.cancel();
+                    control.token().cancel();
                     break Some(Outcome::Retry {
                         error: format!("timed out after {}", crate::config::fmt_dur(job.timeout)),
                         retry_after: None,
                     });
                 }
                 _ = keepalive.tick() => {
-                    // Bounded: a disconnected client must not stall the timeout and cancel arms.
-                    let ack = job.acker.ack_with(AckKind::Progress);
-                    match tokio::time::timeout(Duration::from_secs(1), ack).await {
-                        Ok(Err(e)) => debug!(job.id = %job.id, cause = %e, "in-progress ack failed"),
-                        Err(_) => debug!(job.id = %job.id, "in-progress ack timed out"),
-                        Ok(Ok(())) => {}
-                    }
+                    shared.outbound.ack(&attempt.acker, AckKind::Progress);
                 }
             }
         }
     };
-    {
-        // Only our own entry: a newer attempt of the same job may have replaced it.
-        let mut map = shared.inflight.lock().expect("inflight lock");
-        if map.get(&job.id).is_some_and(|f| f.lease == job.lease) {
-            map.remove(&job.id);
-        }
-    }
     // A handler that noticed the cancel may have returned an error before the executor saw
     // the cancel itself: what counts is why the attempt was stopped.
-    let outcome = match (stop.load(Ordering::SeqCst), outcome) {
+    // A lost attempt's own error (it saw the cancel) is no result; only a success that came
+    // in anyway goes on, to be recorded as a late result the fence rejects.
+    let outcome = match (control.stopped(), outcome) {
         (_, Some(Outcome::Success(r))) => Some(Outcome::Success(r)),
-        (STOP_SHUTDOWN, _) => Some(Outcome::Released),
-        (_, other) => other,
+        (Some(Stop::Shutdown), _) => Some(Outcome::Released),
+        (Some(Stop::Lost), _) => None,
+        (None, other) => other,
     };
     match outcome {
         Some(outcome) => {
+            shared.ledger.finished(&job.id, job.lease);
             let finished = Finished {
                 id: job.id,
-                queue: job.queue,
+                policy,
                 lease: job.lease,
                 attempt: job.attempt,
                 max_attempts: job.max_attempts,
                 outcome,
-                acker: job.acker,
+                acker: attempt.acker,
                 backoff: job.backoff,
                 elapsed: started.elapsed(),
             };
@@ -160,11 +146,7 @@ pub(crate) async fn execute(
             let _ = done.send(finished).await;
         }
         None => {
-            let mut owned = shared.owned.lock().expect("owned lock");
-            if owned.get(&job.id) == Some(&job.lease) {
-                owned.remove(&job.id);
-            }
-            drop(owned);
+            shared.ledger.settled(&job.id, job.lease);
             warn!(job.id = %job.id, job.lease = job.lease, worker.id = %shared.worker_id,
                   "attempt stopped: ownership lost; not settling and not acking");
         }
@@ -190,24 +172,26 @@ pub(crate) struct WorkerProgress(pub Arc<Shared>);
 
 #[async_trait]
 impl ProgressSink for WorkerProgress {
-    async fn report(&self, job_id: &str, report: Progress) -> Result<(), LostOwnership> {
-        report_progress(&self.0, job_id, &report).await
+    async fn report(
+        &self,
+        job_id: &str,
+        lease: i64,
+        report: Progress,
+    ) -> Result<(), LostOwnership> {
+        report_progress(&self.0, job_id, lease, &report).await
     }
 }
 
-/// Records a progress report for a job running in this worker. Shared by handlers and the
-/// local API. `Err` when the job is not ours (any more).
+/// Records a progress report for attempt `(job_id, lease)` running in this worker. Shared by
+/// handlers and the local API. `Err` when that attempt is not ours (any more).
 pub(crate) async fn report_progress(
     shared: &Shared,
     job_id: &str,
+    lease: i64,
     report: &Progress,
 ) -> Result<(), LostOwnership> {
-    let (lease, acker, cancel) = {
-        let map = shared.inflight.lock().expect("inflight lock");
-        match map.get(job_id) {
-            Some(f) => (f.lease, f.acker.clone(), f.cancel.clone()),
-            None => return Err(LostOwnership(job_id.to_string())),
-        }
+    let Some((acker, policy)) = shared.ledger.progressed(job_id, lease) else {
+        return Err(LostOwnership(job_id.to_string()));
     };
     let written = shared
         .store
@@ -215,6 +199,7 @@ pub(crate) async fn report_progress(
             job_id,
             &shared.worker_id,
             lease,
+            policy.stale_after,
             report.stage.as_deref(),
             report.progress,
             report.message.as_deref(),
@@ -222,20 +207,20 @@ pub(crate) async fn report_progress(
         .await;
     match written {
         Ok(()) => {
-            let _ = acker.ack_with(AckKind::Progress).await;
+            shared.outbound.ack(&acker, AckKind::Progress);
             Ok(())
         }
         Err(StoreError::LostOwnership { .. }) => {
             Stats::add(&shared.stats.lost_ownership, 1);
             warn!(job.id = %job_id, job.lease = lease, worker.id = %shared.worker_id,
                   "progress write rejected: job was taken from this worker");
-            cancel.cancel();
+            shared.ledger.lost(job_id, lease);
             Err(LostOwnership(job_id.to_string()))
         }
         Err(e) => {
             // A database blip must not stop healthy work; the report is simply not recorded.
             warn!(job.id = %job_id, cause = %e, "progress not recorded");
-            let _ = acker.ack_with(AckKind::Progress).await;
+            shared.outbound.ack(&acker, AckKind::Progress);
             Ok(())
         }
     }

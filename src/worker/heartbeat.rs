@@ -3,18 +3,25 @@
 //!
 //! - checks its leases: attempts the database no longer gives to this worker are stopped at
 //!   once (another worker took them), and jobs the database says it owns but that no longer
-//!   run here (after a self-fence) are given back;
-//! - fences itself off when it could not renew the heartbeat for `dead_after` minus one
-//!   beat: it stops its handlers and takes no new work, because the other workers are about
-//!   to declare it dead and run its jobs again. It resumes when a beat succeeds.
-//! - re-registers when its row says it was declared dead (e.g. after a SIGSTOP).
+//!   run here (stopped by a self-fence) are given back, their attempt counted;
+//! - fences itself off when it has not renewed the heartbeat for `fence_after` (derived in
+//!   [`Pacing`](crate::liveness::Pacing), two thirds of `dead_after`): it stops its handlers
+//!   and takes no new work, because the other workers are about to declare it dead and run
+//!   its jobs again. It resumes when a beat succeeds.
+//! - registers again when its row says it was declared dead (or when a claim found it so).
+//!
+//! A beat in flight is never abandoned: when a lock or a slow server holds it, the fence
+//! deadline is still watched, and the beat, once it lands, counts from when it was sent (the
+//! database stamps `heartbeat_at` when the statement starts). A failed beat is retried after
+//! `retry_every`, not a whole interval later, so one slow or failed beat fences no one.
 
-use super::{Shared, Stats, STOP_LOST};
-use crate::liveness::must_self_fence;
+use super::outage::Outage;
+use super::{Shared, Stats};
+use crate::handler::Stop;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -23,6 +30,16 @@ pub(crate) struct Heartbeat {
     /// Orphans seen on the previous beat: given back when seen twice, so a job claimed
     /// between the database read and the local snapshot is never mistaken for one.
     suspects: HashSet<(String, i64)>,
+    /// When the last successful beat was sent.
+    last_ok: Instant,
+    outage: Outage,
+}
+
+enum Beat {
+    /// Renewed; the database stamped it this long before its answer arrived.
+    Renewed(std::time::Duration),
+    DeclaredDead,
+    Failed,
 }
 
 impl Heartbeat {
@@ -30,87 +47,116 @@ impl Heartbeat {
         Heartbeat {
             shared,
             suspects: HashSet::new(),
+            // Registration, just before the services start, was a beat.
+            last_ok: Instant::now(),
+            outage: Outage::new("heartbeat"),
         }
     }
 
     pub async fn run(mut self, cancel: CancellationToken) {
-        let w = self.shared.config.worker.clone();
-        let mut tick = tokio::time::interval(w.heartbeat_every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // When the last beat that succeeded was *sent*: the database stamps heartbeat_at at
-        // the start of the statement, so that is what the reaper measures from.
-        let mut last_ok = Instant::now();
-        // Each database call may take at most half a beat, so a hanging database cannot
-        // delay the self-fence past the moment others declare this worker dead.
-        let call_limit = w.heartbeat_every / 2;
+        let pacing = self.shared.pacing;
+        let mut next = self.last_ok + pacing.heartbeat_every;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(next) => {}
+                _ = self.shared.reregister.notified() => {}
+                _ = tokio::time::sleep_until(self.fence_at()), if !self.fenced() => {
+                    self.fence();
+                    continue;
+                }
             }
-            self.fence_if_silent(last_ok.elapsed());
             let sent = Instant::now();
-            let beat = tokio::time::timeout(
-                call_limit,
-                self.shared.store.worker_beat(&self.shared.worker_id),
-            )
-            .await;
-            match beat {
-                Ok(Ok(true)) => {
-                    last_ok = sent;
+            let beat = match self.beat(&cancel).await {
+                Some(b) => b,
+                None => return, // cancelled
+            };
+            next = match beat {
+                Beat::Renewed(age) => {
+                    // When the database stamped the beat, on our clock: no earlier than we
+                    // sent it, and `age` (its own clock) before it answered. Taking the answer
+                    // to be now errs late by one network delay, which the stop margin covers;
+                    // a beat a stalled server stamped only when it resumed is not mistaken for
+                    // one stamped when it was sent.
+                    self.last_ok = Instant::now().checked_sub(age).unwrap_or(sent).max(sent);
+                    self.outage.ok();
                     if self.shared.fenced.swap(false, Ordering::SeqCst) {
                         info!(worker.id = %self.shared.worker_id, "heartbeat renewed: taking work again");
                     }
-                    match tokio::time::timeout(call_limit, self.check_leases()).await {
+                    // Bounded, so a slow check never delays the next beat much.
+                    match tokio::time::timeout(pacing.heartbeat_every / 2, self.check_leases())
+                        .await
+                    {
                         Ok(Err(e)) => warn!(cause = %e, "lease check failed"),
                         Err(_) => warn!("lease check timed out"),
                         Ok(Ok(())) => {}
                     }
+                    self.last_ok + pacing.heartbeat_every
                 }
-                Ok(Ok(false)) => {
+                Beat::DeclaredDead => {
                     // Declared dead (a long pause, a partition): its jobs were taken. Take no
                     // work until registered again.
                     self.shared.fenced.store(true, Ordering::SeqCst);
-                    let n = self.shared.stop_all(STOP_LOST);
+                    let n = self.shared.ledger.stop_all(Stop::Lost);
                     warn!(worker.id = %self.shared.worker_id, stopped = n,
                           "this worker was declared dead by others; stopping its attempts and registering again");
-                    let pid = std::process::id() as i32;
-                    let registered = self
-                        .shared
-                        .store
-                        .worker_register(
-                            &self.shared.worker_id,
-                            &self.shared.hostname,
-                            pid,
-                            crate::liveness::boot_id().as_deref(),
-                            crate::liveness::proc_start(pid),
-                        )
-                        .await;
-                    match registered {
+                    match self.shared.register().await {
                         Ok(()) => {
-                            last_ok = sent;
+                            self.last_ok = sent;
                             self.shared.fenced.store(false, Ordering::SeqCst);
+                            info!(worker.id = %self.shared.worker_id, "registered again: taking work");
+                            sent + pacing.heartbeat_every
                         }
-                        Err(e) => warn!(cause = %e, "could not register again; still fenced"),
+                        Err(e) => {
+                            warn!(cause = %e, "could not register again; still fenced");
+                            Instant::now() + pacing.retry_every()
+                        }
                     }
                 }
-                Ok(Err(_)) | Err(_) => {
-                    warn!(worker.id = %self.shared.worker_id, silent_for = ?last_ok.elapsed(), "heartbeat not renewed");
-                    self.fence_if_silent(last_ok.elapsed());
+                Beat::Failed => Instant::now() + pacing.retry_every(),
+            };
+        }
+    }
+
+    /// Sends one beat and waits for it as long as it takes, fencing meanwhile if the fence
+    /// deadline passes. `None` when cancelled.
+    async fn beat(&mut self, cancel: &CancellationToken) -> Option<Beat> {
+        let shared = self.shared.clone();
+        let call = shared.beat_store.worker_beat(&shared.worker_id);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                r = &mut call => {
+                    return Some(match r {
+                        Ok(Some(age)) => Beat::Renewed(age),
+                        Ok(None) => Beat::DeclaredDead,
+                        Err(e) => {
+                            self.outage.failed(&e);
+                            Beat::Failed
+                        }
+                    });
                 }
+                _ = tokio::time::sleep_until(self.fence_at()), if !self.fenced() => self.fence(),
             }
         }
     }
 
-    /// Fences this worker off when its heartbeat has been silent too long.
-    fn fence_if_silent(&self, silent: std::time::Duration) {
-        let w = &self.shared.config.worker;
-        if must_self_fence(silent, w.dead_after, w.heartbeat_every)
-            && !self.shared.fenced.swap(true, Ordering::SeqCst)
-        {
-            let n = self.shared.stop_all(STOP_LOST);
+    fn fence_at(&self) -> Instant {
+        self.last_ok + self.shared.pacing.fence_after()
+    }
+
+    fn fenced(&self) -> bool {
+        self.shared.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Fences this worker off: its heartbeat has been silent too long.
+    fn fence(&self) {
+        if !self.shared.fenced.swap(true, Ordering::SeqCst) {
+            let n = self.shared.ledger.stop_all(Stop::Lost);
             Stats::add(&self.shared.stats.self_fenced, 1);
-            error!(worker.id = %self.shared.worker_id, stopped = n, silent_for = ?silent,
+            error!(worker.id = %self.shared.worker_id, stopped = n, silent_for = ?self.last_ok.elapsed(),
+                   fence_after = ?self.shared.pacing.fence_after(),
                    "cannot renew the heartbeat: stopping all handlers before this worker is declared dead");
         }
     }
@@ -119,28 +165,19 @@ impl Heartbeat {
     async fn check_leases(&mut self) -> Result<(), crate::store::StoreError> {
         let shared = &self.shared;
         // Local view first: anything claimed after this snapshot cannot be judged lost.
-        let local: HashMap<String, i64> = shared.owned.lock().expect("owned lock").clone();
-        let in_db = shared.store.jobs_owned(&shared.worker_id).await?;
+        let local: HashMap<String, i64> = shared.ledger.owned();
+        let in_db = shared.beat_store.jobs_owned(&shared.worker_id).await?;
         let db: HashMap<&str, i64> = in_db.iter().map(|(id, l)| (id.as_str(), *l)).collect();
         // Running here but no longer ours: stop at once.
-        {
-            let map = shared.inflight.lock().expect("inflight lock");
-            for (id, lease) in &local {
-                if db.get(id.as_str()) != Some(lease) {
-                    if let Some(f) = map.get(id) {
-                        if f.lease == *lease {
-                            f.stop.store(STOP_LOST, Ordering::SeqCst);
-                            f.cancel.cancel();
-                            Stats::add(&shared.stats.lost_ownership, 1);
-                            warn!(job.id = %id, job.lease = lease, "job was taken from this worker; stopping its attempt");
-                        }
-                    }
-                }
+        for (id, lease) in &local {
+            if db.get(id.as_str()) != Some(lease) && shared.ledger.lost(id, *lease) {
+                Stats::add(&shared.stats.lost_ownership, 1);
+                warn!(job.id = %id, job.lease = lease, "job was taken from this worker; stopping its attempt");
             }
         }
         // Ours in the database but not running here (stopped by a self-fence): give back
         // after two beats in a row, so a claim racing this check is never taken for one.
-        let now_local = shared.owned.lock().expect("owned lock").clone();
+        let now_local = shared.ledger.owned();
         let orphans: HashSet<(String, i64)> = in_db
             .into_iter()
             .filter(|(id, lease)| now_local.get(id) != Some(lease))
@@ -148,16 +185,20 @@ impl Heartbeat {
         let confirmed: Vec<(String, i64)> = orphans.intersection(&self.suspects).cloned().collect();
         self.suspects = orphans;
         if !confirmed.is_empty() {
-            let released = shared
-                .store
-                .job_release(&shared.worker_id, &confirmed, "self_fenced", false)
+            let back = shared
+                .beat_store
+                .job_reclaim_mine(&shared.worker_id, &confirmed)
                 .await?;
+            Stats::add(&shared.stats.reclaimed_self_fenced, back.len() as u64);
             warn!(
-                jobs = released.len(),
-                "gave back jobs this worker no longer runs (after a self-fence)"
+                jobs = back.len(),
+                "gave back jobs this worker no longer runs (after a self-fence); their attempt counts"
             );
-            for id in &released {
-                self.suspects.retain(|(s, _)| s != id);
+            for j in &back {
+                self.suspects.retain(|(s, _)| s != &j.id);
+                if j.status == crate::job::JobStatus::Dead {
+                    shared.announce_dead(&j.queue, &j.id, Some("self_fenced"));
+                }
             }
         }
         Ok(())

@@ -1,37 +1,53 @@
-//! The Janitor: finds messages no consumer will ever deliver — published to a queue no
-//! worker serves (`jobs.emial` for `jobs.email`, a queue removed from the configuration, a
-//! priority-band subject before bands exist) — and records each as a `dead` job with the
-//! reason, so a typo in a producer shows up in the dead-letter queue instead of sitting in
-//! the stream forever (invariant 9).
+//! The Janitor: messages no consumer will deliver — published to a queue no worker serves
+//! *yet* (producers are often deployed before the workers of a new queue), to a removed
+//! queue, to a typo (`jobs.emial`), or to a priority-band subject before bands exist.
+//!
+//! Unserved is not invalid (invariant 12). Such messages **wait** for `unserved_grace`
+//! (default 1 h): each round records what waits in `unserved_subjects` (printed by
+//! `jobwarden stats`) and says so in the log. Once the oldest of them is older than the
+//! grace they become dead jobs that keep their own id, payload and settings, so `jobwarden
+//! dlq retry` runs the real job once a pod serves the queue; only then are they deleted from
+//! the stream.
 //!
 //! A subject counts as served when any consumer of the stream (ours or an operator's) has a
 //! filter matching it, so a queue that only newer pods serve during a rolling deploy is left
-//! alone. To read an orphan subject the janitor creates a short-lived consumer filtered on
-//! exactly that subject, drains it, and deletes it again.
+//! alone. The janitor reads the stream directly (`STREAM.MSG.GET`) and creates no consumer,
+//! so it can never stand in the way of a pod provisioning a queue's consumer.
 
-use super::producer::{record_invalid, Delivered};
-use super::Shared;
-use async_nats::jetstream::consumer;
-use futures::{StreamExt, TryStreamExt};
+use super::outage::{Outage, LOG_EVERY};
+use super::producer::invalid_payload;
+use super::{Shared, Stats};
+use crate::broker::StoredMessage;
+use crate::job::{self, MessageOrigin};
+use crate::store::ClaimInput;
+use futures::TryStreamExt;
+use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Most messages read from one orphan subject per round.
+/// Most messages dead-lettered from one subject per round.
 const ROUND_LIMIT: usize = 1000;
 
 pub(crate) struct Janitor {
     shared: Arc<Shared>,
+    /// When each waiting subject was last mentioned in the log.
+    logged: HashMap<String, Instant>,
 }
 
 impl Janitor {
     pub fn new(shared: Arc<Shared>) -> Janitor {
-        Janitor { shared }
+        Janitor {
+            shared,
+            logged: HashMap::new(),
+        }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    pub async fn run(mut self, cancel: CancellationToken) {
         let every = self.shared.config.worker.sweep_every;
+        let mut outage = Outage::new("janitor");
         // First look soon after start, then every sweep interval.
         let mut next = Duration::from_secs(1).min(every);
         loop {
@@ -39,102 +55,269 @@ impl Janitor {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(next) => {}
             }
-            next = every;
-            if let Err(e) = self.run_once().await {
-                warn!(cause = %e, "janitor round failed");
-            }
+            next = match self.run_once().await {
+                Ok(_) => {
+                    outage.ok();
+                    every
+                }
+                Err(e) => outage.failed(&e).max(every),
+            };
         }
     }
 
-    /// One round: returns how many orphan messages were recorded.
-    pub async fn run_once(&self) -> Result<usize, String> {
-        let broker = &self.shared.broker;
-        let prefix = &self.shared.config.nats.subject_prefix;
+    /// One round: records what waits on unserved subjects and dead-letters what waited
+    /// longer than the grace. Returns how many messages were dead-lettered.
+    pub async fn run_once(&mut self) -> Result<usize, String> {
+        let shared = self.shared.clone();
+        let broker = &shared.broker;
+        let prefix = broker.subject_prefix().to_string();
         let stream = broker.stream().await.map_err(|e| e.to_string())?;
-        let subjects: Vec<(String, usize)> = stream
-            .info_with_subjects(format!("{prefix}.>"))
-            .await
-            .map_err(|e| e.to_string())?
-            .try_collect()
+        let listing = async {
+            stream
+                .info_with_subjects(format!("{prefix}.>"))
+                .await
+                .map_err(|e| e.to_string())?
+                .try_collect::<Vec<(String, usize)>>()
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let subjects = crate::broker::bounded("stream subjects", listing)
             .await
             .map_err(|e| e.to_string())?;
-        if subjects.is_empty() {
-            return Ok(0);
+        let infos = crate::broker::bounded(
+            "stream consumers",
+            stream.consumers().try_collect::<Vec<_>>(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut filters: Vec<String> = Vec::new();
+        for c in infos {
+            filters.push(c.config.filter_subject.clone());
+            filters.extend(c.config.filter_subjects.iter().cloned());
         }
-        let filters: Vec<String> = stream
-            .consumers()
-            .map_ok(|c| c.config.filter_subject)
-            .try_collect()
-            .await
-            .map_err(|e| e.to_string())?;
+        let now = shared.store.db_now().await.map_err(|e| e.to_string())?;
+        let grace = shared.config.worker.unserved_grace;
+        let mut waiting = Vec::new();
         let mut recorded = 0;
         for (subject, count) in subjects {
             if count == 0 || filters.iter().any(|f| subject_matches(f, &subject)) {
                 continue;
             }
-            recorded += self.drain(&stream, prefix, &subject).await?;
+            let Some(first) = broker
+                .first_message(&stream, &subject, 1)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
+                continue;
+            };
+            let oldest = stored_at(&first);
+            let due = oldest + grace;
+            let (queue, _) = queue_of(&prefix, &subject);
+            waiting.push((subject.clone(), queue.clone(), count as i64, oldest, due));
+            if now >= due {
+                recorded += self.dead_letter(&stream, &subject, now, grace).await?;
+            } else if self
+                .logged
+                .get(&subject)
+                .is_none_or(|t| t.elapsed() >= LOG_EVERY)
+            {
+                self.logged.insert(subject.clone(), Instant::now());
+                let age = now.duration_since(oldest).unwrap_or_default();
+                warn!(%subject, %queue, messages = count, oldest = ?age, grace = ?grace,
+                      "messages wait for a worker serving this queue; they become dead jobs \
+                       (keeping their payload) once the oldest has waited unserved_grace");
+            }
         }
+        self.logged
+            .retain(|s, _| waiting.iter().any(|(w, ..)| w == s));
+        let total: i64 = waiting.iter().map(|w| w.2).sum();
+        shared
+            .stats
+            .unserved_waiting
+            .store(total.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
+        shared
+            .store
+            .unserved_record(&waiting)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(recorded)
     }
 
-    async fn drain(
+    /// Dead-letters the messages of `subject` that waited longer than `grace`, keeping each
+    /// job's own id, payload and settings, then deletes them from the stream.
+    async fn dead_letter(
         &self,
         stream: &async_nats::jetstream::stream::Stream,
-        prefix: &str,
         subject: &str,
+        now: SystemTime,
+        grace: Duration,
     ) -> Result<usize, String> {
-        let queue = subject
-            .strip_prefix(&format!("{prefix}."))
-            .unwrap_or(subject)
-            .to_string();
-        let name = format!(
-            "jobwarden-orphans-{}",
-            queue.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+        let shared = &self.shared;
+        let broker = &shared.broker;
+        let prefix = broker.subject_prefix();
+        let stream_name = broker.stream_name().to_string();
+        let (queue, band) = queue_of(prefix, subject);
+        let reason = format!(
+            "no worker served queue `{queue}` (subject {subject}) within unserved_grace ({}); \
+             configure [queues.{queue}] on a worker and run `jobwarden dlq retry`, or fix the \
+             producer's subject",
+            crate::config::fmt_dur(grace)
         );
-        let reason = if queue.contains('.') {
-            format!(
-                "no consumer serves subject {subject}; publish to {prefix}.<queue> (priority \
-                 band subjects are not served yet)"
-            )
-        } else {
-            format!(
-                "queue `{queue}` is not configured on any worker (no consumer serves subject \
-                 {subject}); add a [queues.{queue}] section, or fix the producer's subject"
-            )
-        };
-        let c: consumer::PullConsumer = stream
-            .create_consumer(consumer::pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subject.to_string(),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_deliver: -1,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| format!("orphan consumer for {subject}: {e}"))?;
-        let mut items = Vec::new();
-        let mut batch = c
-            .fetch()
-            .max_messages(ROUND_LIMIT)
-            .messages()
+        let max_bytes = shared.config.worker.max_payload_bytes;
+        let mut messages: Vec<StoredMessage> = Vec::new();
+        let mut from = 1;
+        while messages.len() < ROUND_LIMIT {
+            let Some(m) = broker
+                .first_message(stream, subject, from)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
+                break;
+            };
+            if stored_at(&m) + grace > now {
+                break;
+            }
+            from = m.seq + 1;
+            messages.push(m);
+        }
+        let mut kept: Vec<ClaimInput> = Vec::new();
+        let mut invalid: Vec<(String, String, Value, String)> = Vec::new();
+        for m in &messages {
+            let msg_id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_string());
+            let origin = MessageOrigin {
+                queue: &queue,
+                stream: &stream_name,
+                stream_seq: m.seq,
+                stored_ns: m.stored_ns,
+                msg_id: msg_id.as_deref(),
+            };
+            match job::decode(&m.payload, &origin, max_bytes) {
+                Ok(mut job) => {
+                    if let Some(p) = band {
+                        job.priority = p;
+                    }
+                    let max_attempts = job
+                        .max_attempts
+                        .unwrap_or(crate::config::DEFAULT_MAX_ATTEMPTS as i32);
+                    kept.push(ClaimInput {
+                        job,
+                        max_attempts,
+                        traceparent: m.headers.get("traceparent").map(|v| v.as_str().to_string()),
+                    });
+                }
+                Err(e) => invalid.push((
+                    job::message_id(&origin),
+                    queue.clone(),
+                    invalid_payload(&m.payload),
+                    format!("{e} (and no worker served queue `{queue}`)"),
+                )),
+            }
+        }
+        let store = &shared.store;
+        let me = &shared.worker_id;
+        let reasons = vec![reason.clone(); kept.len()];
+        let inserted = store
+            .job_dead_kept(me, &kept, &reasons)
             .await
             .map_err(|e| e.to_string())?;
-        while let Some(Ok(m)) = batch.next().await {
-            let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
-            let id = format!("{}-{seq}", self.shared.broker.stream_name());
-            items.push((Delivered { body: m, seq }, id, reason.clone()));
+        // An id that has a row: the same job (same payload) enqueued through PostgreSQL or
+        // retried from the dead-letter queue — that row is dead-lettered, no copy is made —
+        // or another job, and then this message is kept under its own message id.
+        let existing: Vec<(&str, &Value, &str)> = kept
+            .iter()
+            .filter(|k| !inserted.contains(&k.job.id))
+            .map(|k| (k.job.id.as_str(), &k.job.payload, reason.as_str()))
+            .collect();
+        let same: HashMap<String, bool> = if existing.is_empty() {
+            HashMap::new()
+        } else {
+            store
+                .job_dead_unserved_existing(&existing)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .collect()
+        };
+        let clashes: Vec<ClaimInput> = kept
+            .iter()
+            .zip(&messages)
+            .filter(|(k, _)| !inserted.contains(&k.job.id) && !same.contains_key(&k.job.id))
+            .map(|(k, m)| {
+                let mut k = k.clone();
+                k.job.id = job::message_id(&MessageOrigin {
+                    queue: &queue,
+                    stream: &stream_name,
+                    stream_seq: m.seq,
+                    stored_ns: m.stored_ns,
+                    msg_id: None,
+                });
+                k.job.idempotency_key = None;
+                k
+            })
+            .collect();
+        let mut n = inserted.len() + same.values().filter(|dead_now| **dead_now).count();
+        if !clashes.is_empty() {
+            let why = vec![
+                format!(
+                    "{reason}; its id is taken by another job, so it is kept under its message id"
+                );
+                clashes.len()
+            ];
+            n += store
+                .job_dead_kept(me, &clashes, &why)
+                .await
+                .map_err(|e| e.to_string())?
+                .len();
         }
-        let n = items.len();
+        if !invalid.is_empty() {
+            n += store
+                .job_dead_invalid(me, &invalid)
+                .await
+                .map_err(|e| e.to_string())?
+                .len();
+        }
         if n > 0 {
-            info!(%subject, messages = n, "dead-lettering messages no consumer serves");
-            // Confirmed acks: the consumer is deleted right after, and an unconfirmed ack
-            // could arrive after it, leaving the message in the stream.
-            record_invalid(&self.shared, &queue, items, true).await;
+            Stats::add(&shared.stats.unserved_dead_lettered, n as u64);
         }
-        // Gone again at once, so it never stands in the way of a real consumer for this queue.
-        let _ = stream.delete_consumer(&name).await;
-        Ok(n)
+        // Every message is recorded now (or was, in an earlier round): out of the stream.
+        for m in &messages {
+            broker
+                .delete_message(stream, m.seq)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if n > 0 {
+            info!(%subject, %queue, jobs = n, "dead-lettered messages no worker served within unserved_grace (payload kept)");
+            for k in &kept {
+                if inserted.contains(&k.job.id) || same.get(&k.job.id) == Some(&true) {
+                    shared.announce_dead(&queue, &k.job.id, Some(&reason));
+                }
+            }
+        }
+        Ok(messages.len())
+    }
+}
+
+/// When the stream stored a message.
+fn stored_at(m: &StoredMessage) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(m.stored_ns.max(0) as u64)
+}
+
+/// The queue (and priority band, for `<prefix>.<queue>.<p>`) a subject stands for.
+fn queue_of(prefix: &str, subject: &str) -> (String, Option<i16>) {
+    let rest = subject
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('.'))
+        .unwrap_or(subject);
+    match rest.split_once('.') {
+        Some((q, band)) => (
+            q.to_string(),
+            band.parse().ok().filter(|p| (0..=9).contains(p)),
+        ),
+        None => (rest.to_string(), None),
     }
 }
 
@@ -158,7 +341,7 @@ pub fn subject_matches(filter: &str, subject: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::subject_matches;
+    use super::{queue_of, subject_matches};
 
     #[test]
     fn matching() {
@@ -169,5 +352,12 @@ mod tests {
         assert!(!subject_matches("jobs.>", "jobs"));
         assert!(!subject_matches("jobs.email", "jobs.emial"));
         assert!(subject_matches("", "jobs.x"));
+    }
+
+    #[test]
+    fn subjects_name_their_queue_and_band() {
+        assert_eq!(queue_of("jobs", "jobs.newq"), ("newq".into(), None));
+        assert_eq!(queue_of("jobs", "jobs.email.3"), ("email".into(), Some(3)));
+        assert_eq!(queue_of("jobs", "jobs.email.x"), ("email".into(), None));
     }
 }

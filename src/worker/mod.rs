@@ -6,34 +6,51 @@
 //! - [`executor`]: runs one job: handler, timeout, in-progress acks, progress reports.
 //! - [`completer`]: settles finished attempts in grouped statements, then acks (commit,
 //!   then ack — invariant 3).
+//! - [`ledger`]: every job this worker owns, from claim to settle (who holds a job inside the
+//!   process is answered there and only there).
+//! - [`outbound`]: acks and events to NATS, bounded, never waited on by PostgreSQL work.
 //! - [`scheduler`]: publishes delayed jobs and retries when they become due.
-//! - [`janitor`]: dead-letters messages published to subjects no consumer serves.
+//! - [`janitor`]: messages on subjects no pod serves: visible while they wait, dead-lettered
+//!   with their payload after `unserved_grace`.
 //! - [`heartbeat`]: keeps this worker's `workers` row fresh, checks its leases, and fences
 //!   the worker off when it cannot reach PostgreSQL.
-//! - [`rescuer`]: start-up reconciliation, the heartbeat reaper, the stale sweep and
-//!   broker-loss reconciliation.
+//! - [`rescuer`]: start-up reconciliation, the heartbeat reaper and the stale sweep.
+//! - [`reconciler`]: stream ↔ PostgreSQL: adopts messages fetched by a worker that never
+//!   claimed them, republishes queued jobs whose message is gone.
+//! - [`api`]: the local API (progress, drain, health).
 //!
 //! Shutdown (and the drain endpoint) is [`Shared::drain`]: stop fetching, let running jobs
 //! finish within the grace, release the rest; every loop `select!`s on its token.
 
+mod api;
 mod completer;
+mod cron;
 mod executor;
+mod flow;
 mod heartbeat;
 mod janitor;
+mod ledger;
+mod outage;
+mod outbound;
 mod producer;
+mod reconciler;
 mod rescuer;
 mod scheduler;
 
-use crate::api;
-use crate::broker::Broker;
+use crate::backoff::Backoff;
+use crate::broker::{Broker, Lane};
 use crate::config::{Config, HandlerConfig};
-use crate::handler::{exec::ExecHandler, http::HttpHandler, Handler};
-use crate::store::Store;
+use crate::handler::{exec::ExecHandler, http::HttpHandler, Handler, Stop};
+use crate::liveness::Pacing;
+use crate::store::{Registration, Store};
+use ledger::Ledger;
+use outbound::Outbound;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -69,6 +86,10 @@ pub struct Stats {
     /// Messages for jobs that were terminal, running elsewhere or duplicated: acked, dropped.
     pub dropped: AtomicU64,
     pub scheduled_published: AtomicU64,
+    /// Republishes the stream answered `duplicate` (sent again under the next generation).
+    pub republish_duplicates: AtomicU64,
+    /// Due jobs that could never be published (over max_payload), dead-lettered.
+    pub unpublishable: AtomicU64,
     /// Jobs given back at shutdown or drain (attempt refunded).
     pub released: AtomicU64,
     /// Jobs this worker's rescuer took back, by reason.
@@ -76,8 +97,25 @@ pub struct Stats {
     pub reclaimed_owner_dead: AtomicU64,
     pub reclaimed_stale: AtomicU64,
     pub republished_broker_lost: AtomicU64,
+    /// Messages fetched by a worker that never claimed them, adopted from the stream.
+    pub adopted: AtomicU64,
     /// Times this worker fenced itself off (could not renew its heartbeat in time).
     pub self_fenced: AtomicU64,
+    /// Jobs given back after a self-fence (their attempt counted).
+    pub reclaimed_self_fenced: AtomicU64,
+    /// Messages whose job id was taken by a job with another payload (kept as dead jobs).
+    pub id_conflicts: AtomicU64,
+    /// Messages of queues no pod served within the grace, dead-lettered by this worker.
+    pub unserved_dead_lettered: AtomicU64,
+    /// Messages waiting on subjects no pod serves, as this worker's janitor last counted
+    /// them (a gauge).
+    pub unserved_waiting: AtomicU64,
+    /// Acks, in-progress acks and events not sent (NATS unreachable long enough).
+    pub acks_dropped: AtomicU64,
+    /// Cron fires this worker enqueued.
+    pub cron_fired: AtomicU64,
+    /// The largest pull answered so far, in bytes.
+    pub largest_pull_bytes: AtomicU64,
 }
 
 impl Stats {
@@ -89,17 +127,24 @@ impl Stats {
     }
 }
 
-/// Why a running attempt was stopped.
-pub(crate) const STOP_LOST: u8 = 1;
-pub(crate) const STOP_SHUTDOWN: u8 = 2;
-
-/// A job running in this process, for progress reports arriving on the local API.
-pub(crate) struct InFlight {
-    pub lease: i64,
-    pub acker: Arc<async_nats::jetstream::message::Acker>,
-    pub cancel: CancellationToken,
-    /// `STOP_LOST` or `STOP_SHUTDOWN`, set before `cancel` fires.
-    pub stop: Arc<AtomicU8>,
+/// A queue's policy as this worker serves it, resolved once at start: every job claimed
+/// from the queue carries it to the executor, the completer and the sweeps' deadlines.
+pub(crate) struct QueuePolicy {
+    pub name: String,
+    pub concurrency: usize,
+    pub timeout: Duration,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    /// The stale deadline this worker declares for the queue's jobs (the queue's own, else
+    /// `worker.stale_after`).
+    pub stale_after: Duration,
+    /// Every Nth pull serves lower priorities (0: strict).
+    pub fair_every: u32,
+    /// Jobs running at once across every worker.
+    pub global_cap: Option<u32>,
+    /// Starts per window across every worker.
+    pub rate: Option<(u32, Duration)>,
+    pub handler: Arc<dyn Handler>,
 }
 
 /// What every service of one worker shares.
@@ -107,12 +152,18 @@ pub(crate) struct Shared {
     pub worker_id: String,
     pub config: Config,
     pub store: Store,
+    /// A small pool of its own for the heartbeat and lease checks, so a storm of progress
+    /// reports or claims on the main pool can never hold a beat back long enough to fence.
+    pub beat_store: Store,
     pub broker: Broker,
     pub stats: Arc<Stats>,
-    pub inflight: Mutex<HashMap<String, InFlight>>,
-    /// Jobs this worker claimed and has not settled yet (id → lease): what the lease check
-    /// compares with the database.
-    pub owned: Mutex<HashMap<String, i64>>,
+    /// The jobs this worker owns, from claim to settle.
+    pub ledger: Ledger,
+    pub outbound: Outbound,
+    pub pacing: Pacing,
+    pub queues: HashMap<String, Arc<QueuePolicy>>,
+    /// The lanes this worker serves (every queue's bare subject and its bands).
+    pub lanes: Vec<Lane>,
     pub api_base: String,
     /// Producers stop fetching when this fires (shutdown, drain).
     pub fetch_cancel: CancellationToken,
@@ -120,8 +171,11 @@ pub(crate) struct Shared {
     pub producers: TaskTracker,
     /// Set while draining: readiness turns unready.
     pub draining: AtomicBool,
-    /// Set while this worker cannot renew its heartbeat: producers pause.
+    /// Set while this worker may not claim: it cannot renew its heartbeat, or others
+    /// declared it dead and it has not registered again.
     pub fenced: AtomicBool,
+    /// A claim found this worker unregistered: the heartbeat registers it again at once.
+    pub reregister: Notify,
     pub hostname: String,
 }
 
@@ -138,16 +192,6 @@ pub struct DrainReport {
 const RELEASE_WAIT: Duration = Duration::from_secs(7);
 
 impl Shared {
-    /// Stops every running attempt for `reason` (`STOP_LOST` or `STOP_SHUTDOWN`).
-    pub(crate) fn stop_all(&self, reason: u8) -> usize {
-        let map = self.inflight.lock().expect("inflight lock");
-        for f in map.values() {
-            f.stop.store(reason, Ordering::SeqCst);
-            f.cancel.cancel();
-        }
-        map.len()
-    }
-
     /// Stops fetching, lets running jobs finish within `grace`, then stops the rest and gives
     /// them back (attempt refunded, message nak'd so another worker starts it at once).
     /// Returns when every job of this worker is settled or released.
@@ -161,7 +205,7 @@ impl Shared {
             .await
             .is_err()
         {
-            let n = self.stop_all(STOP_SHUTDOWN);
+            let n = self.ledger.stop_all(Stop::Shutdown);
             warn!(worker.id = %self.worker_id, jobs = n, "shutdown grace over: releasing running jobs");
             if tokio::time::timeout(RELEASE_WAIT + Duration::from_secs(3), self.producers.wait())
                 .await
@@ -171,16 +215,11 @@ impl Shared {
             }
         }
         // Released and finished jobs settle in the completer: wait for the last of them.
-        let settled = async {
-            while !self.owned.lock().expect("owned lock").is_empty() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        if tokio::time::timeout(Duration::from_secs(10), settled)
+        if tokio::time::timeout(Duration::from_secs(10), self.ledger.wait_empty())
             .await
             .is_err()
         {
-            warn!(worker.id = %self.worker_id, "some jobs were not settled after the drain");
+            warn!(worker.id = %self.worker_id, jobs = self.ledger.len(), "some jobs were not settled after the drain");
         }
         let released = Stats::get(&self.stats.released) - released_before;
         DrainReport {
@@ -190,18 +229,31 @@ impl Shared {
     }
 
     /// Tells alerting a job was dead-lettered: a small event on `jobwarden.dead.<queue>`
-    /// (core NATS, outside the work stream). Best effort: the row is the record.
-    pub(crate) async fn announce_dead(&self, queue: &str, id: &str, error: Option<&str>) {
+    /// (core NATS, outside the work stream). Best effort and never waited on: the row is the
+    /// record.
+    pub(crate) fn announce_dead(&self, queue: &str, id: &str, error: Option<&str>) {
         let event = serde_json::json!({"id": id, "queue": queue, "error": error});
-        let subject = format!("jobwarden.dead.{queue}");
-        if let Err(e) = self
-            .broker
-            .client
-            .publish(subject, event.to_string().into())
+        let subject = format!("{}.dead.{queue}", crate::config::EVENTS_PREFIX);
+        self.outbound.event(subject, event.to_string().into());
+    }
+
+    /// Registers (again) in the `workers` table, with the thresholds others judge it by.
+    pub(crate) async fn register(&self) -> Result<(), crate::store::StoreError> {
+        let pid = std::process::id() as i32;
+        let boot = crate::liveness::boot_id();
+        let pid_ns = crate::liveness::pid_namespace();
+        self.beat_store
+            .worker_register(&Registration {
+                id: &self.worker_id,
+                hostname: &self.hostname,
+                pid,
+                boot_id: boot.as_deref(),
+                proc_start: crate::liveness::proc_start(pid),
+                pid_ns: pid_ns.as_deref(),
+                heartbeat_every: self.pacing.heartbeat_every,
+                dead_after: self.pacing.dead_after,
+            })
             .await
-        {
-            warn!(job.id = %id, cause = %e, "dead-letter event not published");
-        }
     }
 
     fn settled_count(&self) -> u64 {
@@ -230,9 +282,11 @@ pub struct RunningWorker {
     cancel: CancellationToken,
     /// Producers and the completer: done when every job is settled.
     tasks: JoinSet<()>,
-    /// Scheduler, heartbeat, local API: stopped after the jobs drained.
+    /// Scheduler, heartbeat, sweeps, local API: stopped after the jobs drained.
     background: JoinSet<()>,
     background_cancel: CancellationToken,
+    /// Sends the last acks; ends after everything else.
+    outbound_task: tokio::task::JoinHandle<()>,
     grace: Duration,
 }
 
@@ -251,13 +305,12 @@ impl Worker {
         self
     }
 
-    /// Connects (retrying with backoff while a server is unreachable), migrates, provisions,
-    /// registers and starts every service. Returns once jobs are flowing.
-    pub async fn start(self, cancel: CancellationToken) -> Result<RunningWorker, WorkerError> {
-        let config = self.config;
-        let mut handlers: HashMap<String, Arc<dyn Handler>> = HashMap::new();
-        for name in config.queues.keys() {
-            let h: Arc<dyn Handler> = match config.handler_for(name).expect("validated") {
+    /// Each configured queue's policy, with its handler.
+    fn policies(&self) -> Result<HashMap<String, Arc<QueuePolicy>>, WorkerError> {
+        let config = &self.config;
+        let mut out = HashMap::new();
+        for (name, q) in &config.queues {
+            let handler: Arc<dyn Handler> = match config.handler_for(name).expect("validated") {
                 HandlerConfig::Http { url } => Arc::new(HttpHandler::new(url)),
                 HandlerConfig::Exec { command, env } => Arc::new(ExecHandler::new(command, env)),
                 HandlerConfig::Rust { name: hname } => {
@@ -269,28 +322,78 @@ impl Worker {
                     })?
                 }
             };
-            handlers.insert(name.clone(), h);
+            out.insert(
+                name.clone(),
+                Arc::new(QueuePolicy {
+                    name: name.clone(),
+                    concurrency: q.concurrency,
+                    timeout: q.timeout,
+                    max_attempts: q.max_attempts,
+                    backoff: q.backoff,
+                    stale_after: q.stale_after.unwrap_or(config.worker.stale_after),
+                    fair_every: q.fair_every,
+                    global_cap: q.global_concurrency,
+                    rate: q
+                        .rate_limit
+                        .as_deref()
+                        .and_then(|r| crate::config::parse_rate_limit(r).ok()),
+                    handler,
+                }),
+            );
         }
+        Ok(out)
+    }
+
+    /// Connects (retrying with backoff while a server is unreachable), migrates, provisions,
+    /// registers and starts every service. Returns once jobs are flowing.
+    pub async fn start(self, cancel: CancellationToken) -> Result<RunningWorker, WorkerError> {
+        let queues = self.policies()?;
+        let config = self.config;
 
         let store =
             retry_connect("PostgreSQL", &cancel, || Store::connect(&config.database)).await?;
+        let beat_db = crate::config::DatabaseConfig {
+            pool_size: 2,
+            ..config.database.clone()
+        };
+        let beat_store = retry_connect("PostgreSQL", &cancel, || Store::connect(&beat_db)).await?;
         let broker = retry_connect("NATS", &cancel, || Broker::connect(&config.nats)).await?;
         info!("{}", broker.features_line());
         if config.worker.migrate {
             let applied = store.migrate().await?;
             info!(applied, schema = %store.schema(), "migrations up to date");
         }
+        // Provisioning can fail for a while (the server is restarting, an operator is
+        // re-creating the stream, a consumer is being created elsewhere at the same moment):
+        // wait it out like an unreachable server. Only a configuration the broker will never
+        // accept ends the start.
         if config.nats.provision {
-            broker.provision_stream().await?;
+            retry_connect("the stream", &cancel, || broker.provision_stream()).await?;
         }
+        // Every queue has eleven lanes (its bare subject and ten priority bands), each with
+        // its own consumer.
         let mut consumers = HashMap::new();
         for name in config.queues.keys() {
-            let c = if config.nats.provision {
-                broker.provision_consumer(name).await?
-            } else {
-                broker.consumer(name).await?
-            };
-            consumers.insert(name.clone(), c);
+            let mut lanes = Vec::new();
+            for lane in Lane::all(name) {
+                let what = format!("the consumer {} of queue {name}", lane.consumer_name());
+                let c = if config.nats.provision {
+                    retry_connect(&what, &cancel, || broker.provision_consumer(&lane)).await?
+                } else if lane.band.is_none() {
+                    retry_connect(&what, &cancel, || broker.consumer(&lane)).await?
+                } else {
+                    // Provisioned by an operator: bands without a consumer are not served.
+                    match broker.consumer(&lane).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            warn!(%lane, cause = %e, "no consumer for this priority band (nats.provision is off): its subject is not served");
+                            continue;
+                        }
+                    }
+                };
+                lanes.push((lane, c));
+            }
+            consumers.insert(name.clone(), lanes);
         }
 
         let hostname = config
@@ -300,17 +403,6 @@ impl Worker {
             .unwrap_or_else(local_hostname);
         let pid = std::process::id();
         let worker_id = format!("{hostname}-{pid}-{:08x}", rand::random::<u32>());
-        let boot = crate::liveness::boot_id();
-        let proc_start = crate::liveness::proc_start(pid as i32);
-        store
-            .worker_register(
-                &worker_id,
-                &hostname,
-                pid as i32,
-                boot.as_deref(),
-                proc_start,
-            )
-            .await?;
 
         let listener = tokio::net::TcpListener::bind(&config.worker.api_listen)
             .await
@@ -323,54 +415,65 @@ impl Worker {
             cause: e.to_string(),
         })?;
         let stats = Arc::new(Stats::default());
+        let (outbound, outbound_run) = Outbound::new(broker.client.clone(), stats.clone());
+        let outbound_task = tokio::spawn(outbound_run);
+        let pacing = Pacing {
+            heartbeat_every: config.worker.heartbeat_every,
+            dead_after: config.worker.dead_after,
+        };
         let shared = Arc::new(Shared {
             worker_id: worker_id.clone(),
             store: store.clone(),
+            beat_store,
             broker: broker.clone(),
             stats: stats.clone(),
-            inflight: Mutex::new(HashMap::new()),
-            owned: Mutex::new(HashMap::new()),
+            ledger: Ledger::default(),
+            outbound,
+            pacing,
+            queues,
+            lanes: consumers
+                .values()
+                .flat_map(|l| l.iter().map(|(lane, _)| lane.clone()))
+                .collect(),
             api_base: format!("http://{api_addr}"),
             config: config.clone(),
             fetch_cancel: cancel.child_token(),
             producers: TaskTracker::new(),
             draining: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
+            reregister: Notify::new(),
             hostname: hostname.clone(),
         });
+        shared.register().await?;
         // Before taking new work: recover what earlier incarnations of this host left.
         rescuer::Rescuer::new(shared.clone())
             .reconcile_startup()
             .await;
-        info!(worker.id = %worker_id, api = %api_addr, queues = ?config.queues.keys().collect::<Vec<_>>(), "worker started");
+        info!(worker.id = %worker_id, api = %api_addr, queues = ?config.queues.keys().collect::<Vec<_>>(),
+              heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
+              self_fence_after = ?pacing.fence_after(), "worker started");
 
         let mut tasks = JoinSet::new();
         let (done_tx, done_rx) = tokio::sync::mpsc::channel(4096);
         // Producers stop at `fetch_cancel`; running jobs finish and settle before the
         // completer's channel closes (it ends when the last sender is dropped).
-        for (name, consumer) in consumers {
-            let p = producer::Producer::new(
-                shared.clone(),
-                name.clone(),
-                consumer,
-                handlers[&name].clone(),
-                done_tx.clone(),
-            );
+        for (name, lanes) in consumers {
+            let policy = shared.queues[&name].clone();
+            let p = producer::Producer::new(shared.clone(), policy, lanes, done_tx.clone());
             shared.producers.spawn(p.run(shared.fetch_cancel.clone()));
         }
         drop(done_tx);
         tasks.spawn(completer::Completer::new(shared.clone()).run(done_rx));
         let background_cancel = CancellationToken::new();
         let mut background = JoinSet::new();
-        background.spawn(scheduler::Scheduler::new(shared.clone()).run(background_cancel.clone()));
-        background.spawn(janitor::Janitor::new(shared.clone()).run(background_cancel.clone()));
-        background.spawn(heartbeat::Heartbeat::new(shared.clone()).run(background_cancel.clone()));
-        background.spawn(rescuer::Rescuer::new(shared.clone()).run(background_cancel.clone()));
-        background.spawn(api::serve(
-            listener,
-            shared.clone(),
-            background_cancel.clone(),
-        ));
+        let bc = &background_cancel;
+        background.spawn(scheduler::Scheduler::new(shared.clone()).run(bc.clone()));
+        background.spawn(cron::CronService::new(shared.clone()).run(bc.clone()));
+        background.spawn(janitor::Janitor::new(shared.clone()).run(bc.clone()));
+        background.spawn(heartbeat::Heartbeat::new(shared.clone()).run(bc.clone()));
+        background.spawn(rescuer::Rescuer::new(shared.clone()).run(bc.clone()));
+        background.spawn(reconciler::Reconciler::new(shared.clone()).run(bc.clone()));
+        background.spawn(api::serve(listener, shared.clone(), bc.clone()));
 
         Ok(RunningWorker {
             shared,
@@ -383,6 +486,7 @@ impl Worker {
             tasks,
             background,
             background_cancel,
+            outbound_task,
             grace: config.worker.shutdown_grace,
         })
     }
@@ -409,6 +513,12 @@ impl RunningWorker {
         if let Err(e) = self.store.worker_stop(&self.id, "shutdown").await {
             warn!(cause = %e, "could not mark the worker stopped");
         }
+        self.shared
+            .outbound
+            .flush(&self.broker.client, Duration::from_secs(5))
+            .await;
+        drop(self.shared);
+        self.outbound_task.abort();
         info!(worker.id = %self.id, finished = report.finished, released = report.released, "worker stopped");
         report
     }
@@ -416,10 +526,11 @@ impl RunningWorker {
     /// Stops without any clean-up, like a crash (tests of recovery): nothing is settled,
     /// released or marked stopped.
     pub fn abort(mut self) {
-        self.shared.stop_all(STOP_LOST);
+        self.shared.ledger.stop_all(Stop::Lost);
         self.shared.fetch_cancel.cancel();
         self.tasks.abort_all();
         self.background.abort_all();
+        self.outbound_task.abort();
     }
 
     /// Runs until `signal` resolves, then shuts down.
@@ -433,8 +544,9 @@ impl RunningWorker {
     }
 }
 
-/// Retries a connection with backoff (1 s doubling to 30 s), saying what is unreachable,
-/// until it succeeds or `cancel` fires.
+/// Retries a connection (or provisioning) with backoff (1 s doubling to 30 s), saying what
+/// is not available, until it succeeds or `cancel` fires. Errors that no wait can cure (bad
+/// configuration, a refused login, a stream of the wrong kind) end it at once.
 async fn retry_connect<T, E, F, Fut>(
     what: &str,
     cancel: &CancellationToken,
@@ -452,7 +564,12 @@ where
             Ok(v) => return Ok(v),
             Err(e) => {
                 let msg = e.to_string();
-                if msg.contains("is invalid") || msg.contains("credentials_file") {
+                if msg.contains("is invalid")
+                    || msg.contains("credentials_file")
+                    || msg.contains("refused the connection")
+                    || msg.contains("needs a work-queue stream")
+                    || msg.contains("one consumer per subject")
+                {
                     return Err(e.into());
                 }
                 error!(cause = %msg, "{what} not available; retrying in {}", crate::config::fmt_dur(delay));
@@ -472,13 +589,4 @@ fn local_hostname() -> String {
         .and_then(|h| h.into_string().ok())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
-}
-
-/// Progress report entry point for the local API.
-pub(crate) async fn executor_report(
-    shared: &Shared,
-    job_id: &str,
-    report: &crate::handler::Progress,
-) -> Result<(), crate::handler::LostOwnership> {
-    executor::report_progress(shared, job_id, report).await
 }

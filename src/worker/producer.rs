@@ -2,29 +2,39 @@
 //!
 //! Flow control: a message pulled from JetStream is already on its ack_wait timer and holds a
 //! `max_ack_pending` slot, so we never request more than we have free slots for:
-//! `requested-but-undelivered + running <= concurrency`. Several pull requests may be
-//! outstanding at once (a new one goes out as soon as enough slots free up), so the pipeline
-//! stays full under load, and an idle queue always has a long-poll waiting, so a new message
-//! reaches a handler without polling delay.
+//! `requested-but-undelivered + running <= concurrency`, and no pull brings more than
+//! `worker.pull_max_bytes` (but never less than the server's max_payload, or a message that
+//! large could never be delivered). Several pull requests may be outstanding at once, so the
+//! pipeline stays full under load, and an idle queue always has a long-poll waiting.
 //!
 //! Every message that arrived together is claimed in one statement (`store.job_claim`), then
-//! the claimed jobs are spawned; messages whose job is terminal, running elsewhere or a
-//! duplicate are acked and dropped; messages that cannot become jobs are recorded as dead
-//! jobs (or poison messages) and acked. Nothing is acked before its database write commits.
+//! the claimed jobs are recorded in the [`Ledger`](super::ledger::Ledger) and spawned;
+//! messages whose job is terminal, running elsewhere or a duplicate are acked and dropped;
+//! messages that cannot become jobs are recorded as dead jobs (or poison messages) and acked;
+//! a message whose id another job with another payload holds is kept as a dead job under its
+//! own message id, visibly (never dropped in silence). Nothing is acked before its database
+//! write commits. A worker that others declared dead claims nothing until it registered again.
+//!
+//! When the queue's consumer disappears (an operator deleted the stream or the consumer),
+//! pulls come back empty: the producer notices and provisions it again.
 
 use super::completer::Finished;
 use super::executor::{execute, Owned};
-use super::{Shared, Stats};
-use crate::handler::Handler;
+use super::flow::Flow;
+use super::outage::Outage;
+use super::{QueuePolicy, Shared, Stats};
+use crate::broker::{Lane, BROKER_CALL_LIMIT};
+use crate::handler::{exec::KILL_GRACE, AttemptControl};
 use crate::job::{self, MessageOrigin};
 use crate::store::{Claim, ClaimInput};
-use async_nats::jetstream::{consumer::PullConsumer, AckKind};
+use async_nats::jetstream::{consumer::PullConsumer, message::Acker, AckKind};
 use futures::stream::{BoxStream, SelectAll};
 use futures::{FutureExt, StreamExt};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -32,9 +42,26 @@ use tracing::{debug, error, warn};
 
 /// How long one pull request waits at the server for messages. Short on purpose: a worker
 /// that is paused (SIGSTOP) but still connected keeps receiving messages for its open pull
-/// requests until they expire; those messages wait out ack_wait, and their jobs are
-/// republished by broker-loss reconciliation.
+/// requests until they expire; the adopter takes those back.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
+/// How often an idle producer makes sure a lane's consumer still exists.
+const CONSUMER_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// How long a message a doorbell brought waits for a slot before it goes back to the stream.
+const HOLD_MAX: Duration = Duration::from_secs(1);
+
+/// A pull's messages as events tagged with the pull's id, ending with `End`.
+fn tag(
+    batch: async_nats::jetstream::consumer::pull::Batch,
+    id: u64,
+) -> BoxStream<'static, PullEvent> {
+    batch
+        .map(move |m| match m {
+            Ok(m) => PullEvent::Msg(id, Box::new(m)),
+            Err(e) => PullEvent::Failed(e.to_string()),
+        })
+        .chain(futures::stream::once(async move { PullEvent::End(id) }))
+        .boxed()
+}
 
 enum PullEvent {
     Msg(u64, Box<async_nats::jetstream::Message>),
@@ -42,104 +69,308 @@ enum PullEvent {
     End(u64),
 }
 
-/// A delivered message and its stream sequence.
+/// A delivered message, where it sits in the stream, and when the stream stored it.
 pub(crate) struct Delivered {
-    pub body: async_nats::jetstream::Message,
+    pub msg: async_nats::jetstream::Message,
     pub seq: u64,
+    pub stored_ns: i128,
+    /// The priority band it came from (`None`: the bare subject).
+    pub band: Option<u8>,
+    /// Its lane's place in the priority order (0 first).
+    rank: usize,
+    /// When it reached this worker.
+    arrived: Instant,
+}
+
+impl Delivered {
+    fn new(msg: async_nats::jetstream::Message, lane: &Lane, rank: usize) -> Delivered {
+        let (seq, stored_ns) = msg
+            .info()
+            .map(|i| (i.stream_sequence, crate::broker::unix_nanos(&i.published)))
+            .unwrap_or((0, 0));
+        Delivered {
+            msg,
+            seq,
+            stored_ns,
+            band: lane.band,
+            rank,
+            arrived: Instant::now(),
+        }
+    }
+
+    fn acker(self) -> Arc<Acker> {
+        Arc::new(self.msg.split().1)
+    }
+
+    /// The message's own id (`<stream>-<seq>-<stored ns>`), under which it is recorded when
+    /// it cannot run as the job it names.
+    fn own_id(&self, queue: &str, stream: &str) -> String {
+        job::message_id(&MessageOrigin {
+            queue,
+            stream,
+            stream_seq: self.seq,
+            stored_ns: self.stored_ns,
+            msg_id: None,
+        })
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    }
+}
+
+/// What became of one message of a claim group.
+enum Answer {
+    Claim(Claim),
+    /// PostgreSQL refused this message's data: recorded as invalid.
+    Refused(String),
+    /// Not claimed (the database went away mid-way, or this worker is not registered):
+    /// handed back to the stream.
+    NotTried,
+}
+
+/// A message that cannot run as it is: its id, and why.
+pub(crate) struct Rejected {
+    pub delivered: Delivered,
+    pub id: String,
+    pub reason: String,
+}
+
+/// One outstanding pull request.
+struct Pull {
+    /// Messages still to come.
+    remaining: usize,
+    bytes: u64,
+    /// The lane it was sent to (an index into `Producer::lanes`).
+    lane: usize,
+    /// A one-message long poll on a lane that looked empty: it holds no slot.
+    doorbell: bool,
+}
+
+/// One lane of the queue as the producer sees it.
+struct LaneState {
+    lane: Lane,
+    consumer: PullConsumer,
+    /// Messages may wait here: work pulls go to the first such lane.
+    hot: bool,
+    /// A doorbell is open here (the lane looked empty).
+    doorbell: bool,
+    last_check: Instant,
 }
 
 pub(crate) struct Producer {
     shared: Arc<Shared>,
-    queue: String,
-    consumer: PullConsumer,
-    handler: Arc<dyn Handler>,
+    policy: Arc<QueuePolicy>,
+    /// The queue's lanes, highest priority first.
+    lanes: Vec<LaneState>,
     done: mpsc::Sender<Finished>,
     slots: Arc<Semaphore>,
     freed: Arc<Notify>,
-    concurrency: usize,
-    max_attempts: i32,
-    timeout: Duration,
+    claims: Outage,
+    /// Work pulls sent so far (for `fair_every`).
+    pulls_sent: u64,
+    /// Grants of a queue with a cluster-wide cap or rate limit.
+    flow: Option<Flow>,
 }
 
 impl Producer {
     pub fn new(
         shared: Arc<Shared>,
-        queue: String,
-        consumer: PullConsumer,
-        handler: Arc<dyn Handler>,
+        policy: Arc<QueuePolicy>,
+        lanes: Vec<(Lane, PullConsumer)>,
         done: mpsc::Sender<Finished>,
     ) -> Producer {
-        let q = &shared.config.queues[&queue];
-        let (concurrency, max_attempts, timeout) =
-            (q.concurrency, q.max_attempts as i32, q.timeout);
+        let lanes = lanes
+            .into_iter()
+            .map(|(lane, consumer)| LaneState {
+                lane,
+                consumer,
+                // Unknown at start: each lane is asked once (a no-wait pull), and watched
+                // by a doorbell from when it turns out empty.
+                hot: true,
+                doorbell: false,
+                last_check: Instant::now(),
+            })
+            .collect();
         Producer {
+            slots: Arc::new(Semaphore::new(policy.concurrency)),
+            flow: Flow::of(&shared, &policy),
             shared,
-            queue,
-            consumer,
-            handler,
+            policy,
+            lanes,
             done,
-            slots: Arc::new(Semaphore::new(concurrency)),
             freed: Arc::new(Notify::new()),
-            concurrency,
-            max_attempts,
-            timeout,
+            claims: Outage::new("claim"),
+            pulls_sent: 0,
         }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// The lane the next work pull goes to: the highest-priority hot lane, except that every
+    /// `fair_every`-th pull goes to the hot lanes below it, in turn (so they never starve).
+    fn next_lane(&mut self) -> Option<usize> {
+        let hot: Vec<usize> = (0..self.lanes.len())
+            .filter(|&i| self.lanes[i].hot)
+            .collect();
+        let first = *hot.first()?;
+        self.pulls_sent += 1;
+        let every = self.policy.fair_every as u64;
+        if every > 0 && hot.len() > 1 && self.pulls_sent.is_multiple_of(every) {
+            let turn = (self.pulls_sent / every) as usize;
+            return Some(hot[1 + turn % (hot.len() - 1)]);
+        }
+        Some(first)
+    }
+
+    pub async fn run(mut self, cancel: CancellationToken) {
         let mut pulls: SelectAll<BoxStream<'static, PullEvent>> = SelectAll::new();
-        // Per outstanding pull request: messages still to come.
-        let mut remaining: HashMap<u64, usize> = HashMap::new();
+        let mut open: HashMap<u64, Pull> = HashMap::new();
+        // Slots promised to open work pulls (doorbells promise none).
         let mut reserved = 0usize;
+        let mut work_pulls = 0usize;
         let mut next_pull = 0u64;
         let mut jobs: JoinSet<()> = JoinSet::new();
-        let batch_cap = self.shared.config.worker.claim_batch.min(self.concurrency);
+        // Messages that arrived with no free slot (from doorbells): they take the next slots,
+        // highest priority first, or go back to the stream after HOLD_MAX.
+        let mut held: Vec<(Delivered, Instant)> = Vec::new();
+        let w = &self.shared.config.worker;
+        let batch_cap = w.claim_batch.min(self.policy.concurrency);
+        // A pull's byte budget never goes below the largest message the server takes.
+        let pull_bytes = w
+            .pull_max_bytes
+            .max(self.shared.broker.max_payload() + 4096);
         // Refill once a quarter of the slots (or one batch) is free, or at once when idle.
         let refill_at = (batch_cap / 4).max(1);
         let mut pull_backoff = Duration::ZERO;
 
         loop {
             // A worker fenced off from PostgreSQL takes no new work until it is back.
-            let fenced = self.shared.fenced.load(std::sync::atomic::Ordering::SeqCst);
+            let fenced = self.shared.fenced.load(Ordering::SeqCst);
             let free = self.slots.available_permits().saturating_sub(reserved);
-            if !fenced
-                && free > 0
-                && (free >= refill_at || pulls.is_empty())
-                && pull_backoff.is_zero()
-            {
-                let n = free.min(batch_cap);
-                match self
-                    .consumer
-                    .batch()
-                    .max_messages(n)
-                    .expires(PULL_EXPIRES)
-                    // No idle heartbeat: async-nats 0.51's batch stream stops waking up after
-                    // the first one, leaving later messages unread until ack_wait.
-                    .messages()
-                    .await
-                {
-                    Ok(batch) => {
-                        let id = next_pull;
-                        next_pull += 1;
-                        reserved += n;
-                        remaining.insert(id, n);
-                        let s = batch
-                            .map(move |m| match m {
-                                Ok(m) => PullEvent::Msg(id, Box::new(m)),
-                                Err(e) => PullEvent::Failed(e.to_string()),
-                            })
-                            .chain(futures::stream::once(async move { PullEvent::End(id) }));
-                        pulls.push(s.boxed());
+            // Held messages first — those of the highest lane that has work; one of a lower
+            // lane waits (and goes back after HOLD_MAX), so priorities stay strict.
+            let best_hot = self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX);
+            if !fenced && free > 0 && !held.is_empty() {
+                held.sort_by_key(|(d, _)| d.rank);
+                let n = held
+                    .iter()
+                    .take_while(|(d, _)| d.rank <= best_hot)
+                    .count()
+                    .min(free);
+                if n > 0 {
+                    let take: Vec<Delivered> = held.drain(..n).map(|(d, _)| d).collect();
+                    let before = held.len();
+                    self.admit(take, &mut held, &mut jobs).await;
+                    // Unless messages went back to wait for grants (then on to the timers).
+                    if held.len() <= before {
                         continue;
                     }
-                    Err(e) => {
-                        pull_backoff = Duration::from_millis(500);
-                        warn!(queue = %self.queue, cause = %e, "pull request failed; retrying");
+                }
+            }
+            if !held.is_empty() {
+                let now = Instant::now();
+                let (back, keep): (Vec<_>, Vec<_>) = held
+                    .drain(..)
+                    .partition(|(_, at)| fenced || now.duration_since(*at) >= HOLD_MAX);
+                held = keep;
+                for (d, _) in back {
+                    // Every slot is busy: back to the stream; the lane stays hot, so it is
+                    // pulled from as soon as a slot frees.
+                    if let Some(l) = self.lanes.get_mut(d.rank) {
+                        l.hot = true;
+                    }
+                    self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
+                }
+            }
+            if !fenced
+                && free > 0
+                && (free >= refill_at || work_pulls == 0)
+                && pull_backoff.is_zero()
+                && self.lanes.iter().any(|l| l.hot)
+            {
+                let mut n = free.min(batch_cap);
+                // Under a cap or rate limit: only as many as there are grants for (the
+                // open pulls' messages have theirs).
+                if let Some(flow) = self.flow.as_mut() {
+                    let held = flow.reserve(reserved + n).await;
+                    n = n.min(held.saturating_sub(reserved));
+                }
+                if let Some(i) = (n > 0).then(|| self.next_lane()).flatten() {
+                    match self.send_pull(i, n, pull_bytes, false).await {
+                        Ok(stream) => {
+                            let id = next_pull;
+                            next_pull += 1;
+                            reserved += n;
+                            work_pulls += 1;
+                            open.insert(
+                                id,
+                                Pull {
+                                    remaining: n,
+                                    bytes: 0,
+                                    lane: i,
+                                    doorbell: false,
+                                },
+                            );
+                            pulls.push(tag(stream, id));
+                            continue;
+                        }
+                        Err(e) => {
+                            pull_backoff = Duration::from_millis(500);
+                            warn!(lane = %self.lanes[i].lane, cause = %e, "pull request failed; retrying");
+                            self.check_consumer(i, true).await;
+                        }
+                    }
+                }
+            }
+            // Every lane that looked empty keeps a doorbell open, so a message on any lane
+            // is seen at once, whatever the others hold.
+            if !fenced && pull_backoff.is_zero() {
+                for i in 0..self.lanes.len() {
+                    if self.lanes[i].hot || self.lanes[i].doorbell {
+                        continue;
+                    }
+                    match self.send_pull(i, 1, pull_bytes, true).await {
+                        Ok(stream) => {
+                            let id = next_pull;
+                            next_pull += 1;
+                            self.lanes[i].doorbell = true;
+                            open.insert(
+                                id,
+                                Pull {
+                                    remaining: 1,
+                                    bytes: 0,
+                                    lane: i,
+                                    doorbell: true,
+                                },
+                            );
+                            pulls.push(tag(stream, id));
+                        }
+                        Err(e) => {
+                            pull_backoff = Duration::from_millis(500);
+                            warn!(lane = %self.lanes[i].lane, cause = %e, "pull request failed; retrying");
+                            self.check_consumer(i, true).await;
+                            break;
+                        }
                     }
                 }
             }
 
             let mut arrived: Vec<Delivered> = Vec::new();
+            let mut empty_ended: Vec<usize> = Vec::new();
+            let hold_until = held
+                .iter()
+                .map(|(_, at)| *at + HOLD_MAX)
+                .min()
+                .unwrap_or_else(Instant::now);
+            // Waiting for grants while there is work: ask again when the store said.
+            let flow_wait = self
+                .flow
+                .as_ref()
+                .and_then(|f| f.waiting_until())
+                .filter(|_| self.lanes.iter().any(|l| l.hot) || !held.is_empty());
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(pull_backoff), if !pull_backoff.is_zero() => {
@@ -147,7 +378,13 @@ impl Producer {
                 }
                 _ = self.freed.notified() => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
-                Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
+                _ = tokio::time::sleep_until(hold_until.into()), if !held.is_empty() => {}
+                _ = tokio::time::sleep_until(flow_wait.unwrap_or_else(Instant::now).into()), if flow_wait.is_some() => {}
+                Some(_) = jobs.join_next(), if !jobs.is_empty() => {
+                    if let Some(f) = self.flow.as_mut() {
+                        f.job_ended();
+                    }
+                }
                 Some(ev) = pulls.next(), if !pulls.is_empty() => {
                     // Take this event and every other one already waiting: they are claimed
                     // together in one statement.
@@ -155,18 +392,39 @@ impl Producer {
                     while let Some(e) = ev.take() {
                         match e {
                             PullEvent::Msg(id, m) => {
-                                reserved = reserved.saturating_sub(1);
-                                if let Some(r) = remaining.get_mut(&id) {
-                                    *r = r.saturating_sub(1);
+                                let Some(p) = open.get_mut(&id) else { continue };
+                                if !p.doorbell {
+                                    reserved = reserved.saturating_sub(1);
                                 }
-                                let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
-                                arrived.push(Delivered { body: *m, seq });
+                                p.remaining = p.remaining.saturating_sub(1);
+                                p.bytes += m.length as u64;
+                                let lane = &mut self.lanes[p.lane];
+                                if p.doorbell {
+                                    lane.hot = true;
+                                }
+                                arrived.push(Delivered::new(*m, &lane.lane, p.lane));
                             }
                             PullEvent::Failed(cause) => {
-                                debug!(queue = %self.queue, %cause, "pull status");
+                                debug!(queue = %self.policy.name, %cause, "pull status");
                             }
                             PullEvent::End(id) => {
-                                reserved = reserved.saturating_sub(remaining.remove(&id).unwrap_or(0));
+                                if let Some(p) = open.remove(&id) {
+                                    let lane = &mut self.lanes[p.lane];
+                                    if p.doorbell {
+                                        lane.doorbell = false;
+                                    } else {
+                                        reserved = reserved.saturating_sub(p.remaining);
+                                        work_pulls -= 1;
+                                        // Ended short: the lane ran dry; a doorbell watches it.
+                                        if p.remaining > 0 {
+                                            lane.hot = false;
+                                        }
+                                    }
+                                    self.shared.stats.largest_pull_bytes.fetch_max(p.bytes, Ordering::Relaxed);
+                                    if p.bytes == 0 {
+                                        empty_ended.push(p.lane);
+                                    }
+                                }
                             }
                         }
                         if arrived.len() >= batch_cap {
@@ -177,126 +435,273 @@ impl Producer {
                 }
             }
             while let Some(res) = jobs.try_join_next() {
+                if let Some(f) = self.flow.as_mut() {
+                    f.job_ended();
+                }
                 if let Err(e) = res {
                     if e.is_panic() {
-                        error!(queue = %self.queue, "a job task panicked: {e}");
+                        error!(queue = %self.policy.name, "a job task panicked: {e}");
                     }
+                }
+            }
+            if let Some(f) = self.flow.as_mut() {
+                f.report_ended().await;
+                // Nothing to pull: the grants held go back for other workers.
+                if work_pulls == 0 && held.is_empty() && self.lanes.iter().all(|l| !l.hot) {
+                    f.give_back().await;
                 }
             }
             if !arrived.is_empty() {
-                self.claim_and_dispatch(arrived, &mut jobs).await;
+                // A work pull's messages have their slots; a doorbell's only if one is free.
+                arrived.sort_by_key(|d| d.rank);
+                let room = self.slots.available_permits().saturating_sub(reserved);
+                if arrived.len() > room {
+                    let now = Instant::now();
+                    held.extend(arrived.drain(room..).map(|d| (d, now)));
+                }
+                if !arrived.is_empty() {
+                    self.admit(arrived, &mut held, &mut jobs).await;
+                }
+            } else {
+                for i in empty_ended {
+                    self.check_consumer(i, false).await;
+                }
             }
         }
         // Stop fetching. Messages already delivered to us go back at once (a job that exists
-        // only as a message would otherwise wait out ack_wait).
+        // only as a message would otherwise wait for the adopter).
+        for (d, _) in held.drain(..) {
+            self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
+        }
         while let Some(Some(ev)) = pulls.next().now_or_never() {
-            if let PullEvent::Msg(_, m) = ev {
-                let _ = m.ack_with(AckKind::Nak(None)).await;
+            if let PullEvent::Msg(id, m) = ev {
+                let rank = open.get(&id).map(|p| p.lane).unwrap_or(0);
+                let lane = self.lanes[rank].lane.clone();
+                let acker = Delivered::new(*m, &lane, rank).acker();
+                self.shared.outbound.ack(&acker, AckKind::Nak(None));
             }
         }
         drop(pulls);
+        if let Some(f) = self.flow.as_mut() {
+            f.give_back().await;
+        }
         // Let running jobs finish (the worker bounds this by shutdown_grace).
-        while jobs.join_next().await.is_some() {}
+        while jobs.join_next().await.is_some() {
+            if let Some(f) = self.flow.as_mut() {
+                f.job_ended();
+            }
+        }
+        if let Some(f) = self.flow.as_mut() {
+            f.report_ended().await;
+        }
     }
 
-    /// Claims one group of delivered messages and dispatches the claimed jobs.
-    async fn claim_and_dispatch(&self, arrived: Vec<Delivered>, jobs: &mut JoinSet<()>) {
-        let max_bytes = self.shared.config.worker.max_payload_bytes;
-        let stream = self.shared.broker.stream_name().to_string();
-        let mut valid: Vec<(ClaimInput, Delivered)> = Vec::with_capacity(arrived.len());
-        let mut invalid: Vec<(Delivered, String, String)> = Vec::new();
-        let mut duplicates: Vec<Delivered> = Vec::new();
-        let mut seen = HashSet::with_capacity(arrived.len());
-        for d in arrived {
-            let msg_id = d
-                .body
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                .map(|v| v.as_str().to_string());
-            let origin = MessageOrigin {
-                queue: &self.queue,
-                stream: &stream,
-                stream_seq: d.seq,
-                msg_id: msg_id.as_deref(),
-            };
-            match job::decode(&d.body.payload, &origin, max_bytes) {
-                Ok(job) => {
-                    if seen.insert(job.id.clone()) {
-                        let max_attempts = job.max_attempts.unwrap_or(self.max_attempts);
-                        let traceparent = d
-                            .body
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get("traceparent"))
-                            .map(|v| v.as_str().to_string());
-                        valid.push((
-                            ClaimInput {
-                                job,
-                                max_attempts,
-                                traceparent,
-                            },
-                            d,
-                        ));
-                    } else {
-                        duplicates.push(d);
-                    }
-                }
-                Err(e) => {
-                    let id = format!("{stream}-{}", d.seq);
-                    invalid.push((d, id, e.to_string()));
-                }
+    /// Sends a pull request for up to `n` messages to lane `i` (bounded in time): a work
+    /// pull takes what the lane holds now and ends (`no_wait`); a doorbell waits up to
+    /// [`PULL_EXPIRES`] for its one message.
+    async fn send_pull(
+        &self,
+        i: usize,
+        n: usize,
+        max_bytes: usize,
+        doorbell: bool,
+    ) -> Result<async_nats::jetstream::consumer::pull::Batch, String> {
+        let consumer = &self.lanes[i].consumer;
+        // No idle heartbeat: async-nats 0.51's batch stream stops waking up after the first
+        // one, leaving later messages unread until ack_wait.
+        let request = async {
+            if doorbell {
+                consumer
+                    .batch()
+                    .max_messages(n)
+                    .max_bytes(max_bytes)
+                    .expires(PULL_EXPIRES)
+                    .messages()
+                    .await
+            } else {
+                consumer
+                    .fetch()
+                    .max_messages(n)
+                    .max_bytes(max_bytes)
+                    .messages()
+                    .await
             }
+        };
+        match tokio::time::timeout(BROKER_CALL_LIMIT, request).await {
+            Ok(Ok(batch)) => Ok(batch),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "not sent within {BROKER_CALL_LIMIT:?} (NATS unreachable?)"
+            )),
         }
-        if valid.is_empty() {
-            if !invalid.is_empty() {
-                record_invalid(&self.shared, &self.queue, invalid, false).await;
-            }
-            self.drop_messages(duplicates).await;
+    }
+
+    /// Makes sure lane `i`'s consumer still exists (at most every [`CONSUMER_CHECK_EVERY`]
+    /// unless `now`), and provisions it again when an operator deleted it or the stream.
+    async fn check_consumer(&mut self, i: usize, now: bool) {
+        let lane = &mut self.lanes[i];
+        if !now && lane.last_check.elapsed() < CONSUMER_CHECK_EVERY {
             return;
         }
-        let inputs: Vec<ClaimInput> = valid.iter().map(|(c, _)| c.clone()).collect();
+        lane.last_check = Instant::now();
+        let info = tokio::time::timeout(BROKER_CALL_LIMIT, lane.consumer.info()).await;
+        let gone = match &info {
+            Ok(Err(e)) => {
+                let cause = e.to_string();
+                cause.contains("not found") || cause.contains("10014") || cause.contains("10059")
+            }
+            _ => false,
+        };
+        if !gone {
+            return;
+        }
+        let broker = &self.shared.broker;
+        match broker.consumer_or_provision(&lane.lane).await {
+            Ok(c) => lane.consumer = c,
+            Err(e) => {
+                warn!(lane = %lane.lane, cause = %e, "consumer is gone and cannot be created again");
+                return;
+            }
+        }
+        // The stream was likely deleted with all the queue's consumers: the other lanes are
+        // provisioned now too, without a wait each.
+        if !self.shared.config.nats.provision {
+            return;
+        }
+        for (j, other) in self.lanes.iter_mut().enumerate() {
+            if j == i || broker.consumer(&other.lane).await.is_ok() {
+                continue;
+            }
+            match broker.provision_consumer(&other.lane).await {
+                Ok(c) => other.consumer = c,
+                Err(e) => {
+                    warn!(lane = %other.lane, cause = %e, "consumer is gone and cannot be created again")
+                }
+            }
+        }
+    }
+
+    /// Claims one group of delivered messages and dispatches the claimed jobs; returns how
+    /// many jobs it started.
+    async fn claim_and_dispatch(
+        &mut self,
+        arrived: Vec<Delivered>,
+        jobs: &mut JoinSet<()>,
+    ) -> usize {
+        let shared = self.shared.clone();
+        let max_bytes = shared.config.worker.max_payload_bytes;
+        let stream = shared.broker.stream_name().to_string();
+        let queue = self.policy.name.clone();
+        // The claimable messages, and their claim inputs at the same positions.
+        let mut inputs: Vec<ClaimInput> = Vec::with_capacity(arrived.len());
+        let mut messages: Vec<Delivered> = Vec::with_capacity(arrived.len());
+        let mut rejected: Vec<Rejected> = Vec::new();
+        let mut dropped: Vec<Delivered> = Vec::new();
+        let mut seen = HashSet::with_capacity(arrived.len());
+        for d in arrived {
+            let msg_id = d.header(async_nats::header::NATS_MESSAGE_ID.as_ref());
+            let origin = MessageOrigin {
+                queue: &queue,
+                stream: &stream,
+                stream_seq: d.seq,
+                stored_ns: d.stored_ns,
+                msg_id: msg_id.as_deref(),
+            };
+            match job::decode(&d.msg.payload, &origin, max_bytes) {
+                Ok(mut job) if seen.insert(job.id.clone()) => {
+                    // The band a message was published to is its priority.
+                    if let Some(p) = d.band {
+                        job.priority = i16::from(p);
+                    }
+                    let max_attempts = job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
+                    inputs.push(ClaimInput {
+                        job,
+                        max_attempts,
+                        traceparent: d.header("traceparent"),
+                    });
+                    messages.push(d);
+                }
+                Ok(_) => dropped.push(d),
+                Err(e) => rejected.push(Rejected {
+                    id: d.own_id(&queue, &stream),
+                    reason: e.to_string(),
+                    delivered: d,
+                }),
+            }
+        }
+        if inputs.is_empty() {
+            record_invalid(&shared, &queue, rejected).await;
+            self.drop_messages(dropped);
+            return 0;
+        }
         // A worker fenced off (or declared dead) claims nothing: hand the messages back.
-        let fenced = self.shared.fenced.load(std::sync::atomic::Ordering::SeqCst);
-        let claims = if fenced {
+        let answered = if shared.fenced.load(Ordering::SeqCst) {
             None
         } else {
             self.claim(&inputs).await
         };
-        let Some(claims) = claims else {
-            // Not claimed, not acked: hand the messages back for a later try.
-            let msgs = valid
+        let Some((alive, claims)) = answered else {
+            let back = messages
                 .into_iter()
-                .map(|(_, d)| d)
-                .chain(duplicates)
-                .chain(invalid.into_iter().map(|(d, _, _)| d));
-            for d in msgs {
-                let _ = d
-                    .body
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            return;
+                .chain(dropped)
+                .chain(rejected.into_iter().map(|r| r.delivered));
+            self.hand_back(back).await;
+            return 0;
         };
-        let mut pairs = Vec::with_capacity(valid.len());
-        for ((input, d), claim) in valid.into_iter().zip(claims) {
-            let reason = match claim {
-                Ok(Claim::WrongQueue(other)) => format!(
-                    "id {:?} belongs to a job of queue {other}; give this job another id",
-                    input.job.id
-                ),
-                Ok(c) => {
-                    pairs.push((input, d, c));
+        if !alive {
+            // Others declared this worker dead: take no work until registered again.
+            shared.fenced.store(true, Ordering::SeqCst);
+            shared.reregister.notify_one();
+            warn!(worker.id = %shared.worker_id, "claim refused: this worker is not registered (declared dead); registering again");
+        }
+        // A claim that committed as the worker fenced itself off (its answer came late) must
+        // not run: others may take these jobs soon. They are given back, attempt refunded.
+        let give_back = shared.fenced.load(Ordering::SeqCst);
+        let mut dispatched = 0;
+        let mut back = Vec::new();
+        // Messages of other jobs that reused a taken id: kept as dead jobs under their own
+        // message id, with their own payload, so a retry runs them.
+        let mut conflicts: Vec<(ClaimInput, String, Option<Delivered>)> = Vec::new();
+        for ((input, d), answer) in inputs.into_iter().zip(messages).zip(claims) {
+            let id = input.job.id.clone();
+            let claim = match answer {
+                Answer::Claim(c) => c,
+                Answer::NotTried => {
+                    back.push(d);
                     continue;
                 }
-                Err(reason) => reason,
+                Answer::Refused(reason) => {
+                    rejected.push(Rejected {
+                        id: d.own_id(&queue, &stream),
+                        reason,
+                        delivered: d,
+                    });
+                    continue;
+                }
             };
-            let id = format!("{stream}-{}", d.seq);
-            invalid.push((d, id, reason));
-        }
-        for (input, d, claim) in pairs {
             match claim {
+                Claim::Claimed {
+                    lease,
+                    attempt,
+                    max_attempts,
+                    ..
+                } if give_back => {
+                    warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back");
+                    let _ = self
+                        .done
+                        .send(Finished {
+                            id,
+                            policy: self.policy.clone(),
+                            lease,
+                            attempt: attempt.max(1) as u32,
+                            max_attempts: max_attempts.max(1) as u32,
+                            outcome: crate::backoff::Outcome::Released,
+                            acker: d.acker(),
+                            backoff: None,
+                            elapsed: Duration::ZERO,
+                        })
+                        .await;
+                }
                 Claim::Claimed {
                     lease,
                     attempt,
@@ -305,109 +710,268 @@ impl Producer {
                     payload,
                     backoff,
                     traceparent,
+                    conflict,
                 } => {
-                    // The pull accounting guarantees a free slot; waiting (rather than
-                    // failing) keeps the job safe even if that ever stopped being true.
-                    let permit = self
-                        .slots
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .expect("the slot semaphore is never closed");
-                    Stats::add(&self.shared.stats.claimed, 1);
-                    self.shared
-                        .owned
-                        .lock()
-                        .expect("owned lock")
-                        .insert(input.job.id.clone(), lease);
-                    // An older attempt of this job still running here was taken away (it
-                    // was reclaimed, and we just claimed it again): stop it.
-                    if let Some(old) = self
-                        .shared
-                        .inflight
-                        .lock()
-                        .expect("inflight lock")
-                        .get(&input.job.id)
-                    {
-                        if old.lease != lease {
-                            old.stop
-                                .store(super::STOP_LOST, std::sync::atomic::Ordering::SeqCst);
-                            old.cancel.cancel();
+                    let own_id = d.own_id(&queue, &stream);
+                    let message_trace = input.traceparent.clone();
+                    let (job_payload, job_backoff) = match payload {
+                        // The row existed: PostgreSQL holds the job. A message with another
+                        // payload is another job that reused the id: kept, not lost.
+                        Some(p) => {
+                            if conflict {
+                                let reason = conflict_reason(&id, "queued");
+                                conflicts.push((relabel(input, &own_id), reason, None));
+                            }
+                            (p, backoff)
                         }
-                    }
-                    let traceparent = traceparent.or(input.traceparent);
-                    let (_, acker) = d.body.split();
-                    let owned = Owned {
-                        id: input.job.id,
-                        queue: self.queue.clone(),
-                        lease,
-                        attempt: attempt.max(1) as u32,
-                        max_attempts: max_attempts.max(1) as u32,
-                        timeout: timeout_ms
-                            .map(|ms| Duration::from_millis(ms.max(1) as u64))
-                            .unwrap_or(self.timeout),
-                        payload: payload.unwrap_or(input.job.payload),
-                        backoff: backoff.or(input.job.backoff),
-                        traceparent,
-                        acker: Arc::new(acker),
+                        // Created from the message: its payload moves into the job.
+                        None => (input.job.payload, input.job.backoff),
                     };
-                    jobs.spawn(run_with_permit(
-                        self.shared.clone(),
-                        self.handler.clone(),
-                        owned,
-                        self.done.clone(),
-                        permit,
-                        self.freed.clone(),
-                    ));
+                    self.dispatch(
+                        jobs,
+                        d,
+                        Owned {
+                            id,
+                            lease,
+                            attempt: attempt.max(1) as u32,
+                            max_attempts: max_attempts.max(1) as u32,
+                            timeout: timeout_ms
+                                .map(|ms| Duration::from_millis(ms.max(1) as u64))
+                                .unwrap_or(self.policy.timeout),
+                            payload: job_payload,
+                            backoff: job_backoff,
+                            traceparent: traceparent.or(message_trace),
+                        },
+                    )
+                    .await;
+                    dispatched += 1;
                 }
-                Claim::NotClaimable(status) => {
-                    debug!(job.id = %input.job.id, %status, "message for a job that is not claimable; acked and dropped");
-                    duplicates.push(d);
+                Claim::NotClaimable {
+                    status,
+                    conflict: true,
+                } => {
+                    let own_id = d.own_id(&queue, &stream);
+                    let reason = conflict_reason(&id, status.as_str());
+                    conflicts.push((relabel(input, &own_id), reason, Some(d)));
                 }
-                Claim::Duplicate | Claim::WrongQueue(_) => duplicates.push(d),
+                Claim::NotClaimable { status, .. } => {
+                    debug!(job.id = %id, %status, "message for a job that is not claimable; acked and dropped");
+                    dropped.push(d);
+                }
+                Claim::Duplicate => dropped.push(d),
+                Claim::WrongQueue(other) => rejected.push(Rejected {
+                    id: d.own_id(&queue, &stream),
+                    reason: format!(
+                        "id {id:?} belongs to a job of queue {other}; give this job another id"
+                    ),
+                    delivered: d,
+                }),
             }
         }
-        self.drop_messages(duplicates).await;
+        self.drop_messages(dropped);
+        if !back.is_empty() {
+            self.hand_back(back).await;
+        }
         // Only now, with every claimed job recorded as owned and running.
-        if !invalid.is_empty() {
-            record_invalid(&self.shared, &self.queue, invalid, false).await;
+        if !conflicts.is_empty() {
+            keep_conflicts(&shared, conflicts).await;
+        }
+        if !rejected.is_empty() {
+            record_invalid(&shared, &queue, rejected).await;
+        }
+        dispatched
+    }
+
+    /// Claims messages of a queue without limits at once; under a cap or rate limit only as
+    /// many as it holds grants for (the rest wait in `held`, highest priority first).
+    async fn admit(
+        &mut self,
+        mut msgs: Vec<Delivered>,
+        held: &mut Vec<(Delivered, Instant)>,
+        jobs: &mut JoinSet<()>,
+    ) {
+        let Some(flow) = self.flow.as_mut() else {
+            self.claim_and_dispatch(msgs, jobs).await;
+            return;
+        };
+        let granted = flow.reserve(msgs.len()).await;
+        if msgs.len() > granted {
+            msgs.sort_by_key(|d| d.rank);
+            held.extend(msgs.drain(granted..).map(|d| {
+                let at = d.arrived;
+                (d, at)
+            }));
+        }
+        if msgs.is_empty() {
+            return;
+        }
+        let n = msgs.len();
+        let started = self.claim_and_dispatch(msgs, jobs).await;
+        if let Some(flow) = self.flow.as_mut() {
+            flow.used(n, started).await;
         }
     }
 
+    /// Records a claimed job in the ledger and runs it in its slot.
+    async fn dispatch(&self, jobs: &mut JoinSet<()>, d: Delivered, job: Owned) {
+        // The pull accounting guarantees a free slot; waiting (rather than failing) keeps
+        // the job safe even if that ever stopped being true.
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the slot semaphore is never closed");
+        let shared = &self.shared;
+        Stats::add(&shared.stats.claimed, 1);
+        let control = Arc::new(AttemptControl::new(shared.pacing.stop_grace(KILL_GRACE)));
+        let attempt =
+            shared
+                .ledger
+                .claimed(&job.id, job.lease, self.policy.clone(), d.acker(), control);
+        jobs.spawn(run_with_permit(
+            shared.clone(),
+            attempt,
+            job,
+            self.done.clone(),
+            permit,
+            self.freed.clone(),
+        ));
+    }
+
     /// Claims a group. When one message's data makes PostgreSQL reject the whole statement
-    /// (a value it cannot store), claims them one by one so only that message is rejected,
-    /// with PostgreSQL's reason. `None` when the database is unavailable.
-    async fn claim(&self, inputs: &[ClaimInput]) -> Option<Vec<Result<Claim, String>>> {
+    /// (a value it cannot store), claims them one by one so only that message is refused,
+    /// with PostgreSQL's reason; claims already committed then are kept whatever happens to
+    /// the rest. `None` when nothing was claimed (the database is unavailable); the flag is
+    /// false when this worker is not registered.
+    async fn claim(&mut self, inputs: &[ClaimInput]) -> Option<(bool, Vec<Answer>)> {
         let store = &self.shared.store;
         let me = &self.shared.worker_id;
-        match store.job_claim(me, inputs).await {
-            Ok(c) => return Some(c.into_iter().map(|(_, c)| Ok(c)).collect()),
+        let stale = self.policy.stale_after;
+        match store.job_claim(me, stale, inputs).await {
+            // Not registered: the statement wrote nothing, every message goes back.
+            Ok(a) if !a.alive => {
+                self.claims.ok();
+                return Some((false, inputs.iter().map(|_| Answer::NotTried).collect()));
+            }
+            Ok(a) => {
+                self.claims.ok();
+                return Some((true, a.claims.into_iter().map(Answer::Claim).collect()));
+            }
             Err(e) if e.rejected_data().is_none() => {
-                warn!(queue = %self.queue, cause = %e, n = inputs.len(), "claim failed; messages returned to the stream");
+                self.claims.failed(&e);
                 return None;
             }
             Err(_) => {}
         }
         let mut out = Vec::with_capacity(inputs.len());
+        // `alive`: still claiming; `registered`: the worker's row said it may.
+        let (mut alive, mut registered) = (true, true);
         for input in inputs {
-            match store.job_claim(me, std::slice::from_ref(input)).await {
-                Ok(mut c) => out.push(Ok(c.remove(0).1)),
+            if !alive {
+                out.push(Answer::NotTried);
+                continue;
+            }
+            match store
+                .job_claim(me, stale, std::slice::from_ref(input))
+                .await
+            {
+                Ok(a) if !a.alive => {
+                    registered = false;
+                    alive = false;
+                    out.push(Answer::NotTried);
+                }
+                Ok(mut a) => out.push(Answer::Claim(a.claims.remove(0))),
                 Err(e) => match e.rejected_data() {
-                    Some(reason) => {
-                        out.push(Err(format!("PostgreSQL cannot store this job: {reason}")))
+                    Some(reason) => out.push(Answer::Refused(format!(
+                        "PostgreSQL cannot store this job: {reason}"
+                    ))),
+                    // Gone mid-way: what was claimed stays claimed, the rest goes back.
+                    None => {
+                        self.claims.failed(&e);
+                        alive = false;
+                        out.push(Answer::NotTried);
                     }
-                    None => return None,
                 },
             }
         }
-        Some(out)
+        Some((registered, out))
+    }
+
+    /// Naks messages that were not claimed (they come back in a second), then pauses a
+    /// little, longer while the database is failing.
+    async fn hand_back(&self, msgs: impl IntoIterator<Item = Delivered>) {
+        for d in msgs {
+            self.shared
+                .outbound
+                .ack(&d.acker(), AckKind::Nak(Some(Duration::from_secs(1))));
+        }
+        let wait = if self.claims.failing() {
+            super::outage::backoff(2)
+        } else {
+            Duration::from_millis(500)
+        };
+        tokio::time::sleep(wait).await;
     }
 
     /// Acks messages whose jobs need nothing from us (Postgres already holds their state).
-    async fn drop_messages(&self, msgs: Vec<Delivered>) {
+    fn drop_messages(&self, msgs: Vec<Delivered>) {
         Stats::add(&self.shared.stats.dropped, msgs.len() as u64);
         for d in msgs {
-            let _ = d.body.ack().await;
+            self.shared.outbound.ack(&d.acker(), AckKind::Ack);
+        }
+    }
+}
+
+/// The input of a message's own job, under its own message id (for keeping it dead).
+fn relabel(mut input: ClaimInput, own_id: &str) -> ClaimInput {
+    input.job.id = own_id.to_string();
+    input.job.idempotency_key = None;
+    input
+}
+
+fn conflict_reason(id: &str, status: &str) -> String {
+    format!(
+        "id {id:?} is already used by a {status} job with another payload (a producer reused \
+         the id, or its Nats-Msg-Id, for another job); this message was kept as a dead job \
+         under its own id: `jobwarden dlq retry` runs it"
+    )
+}
+
+/// Keeps messages that reused a taken id as dead jobs with their own payload, then acks the
+/// ones that were only waiting for that (a message whose job runs under the row's payload is
+/// acked when that job settles).
+async fn keep_conflicts(shared: &Shared, items: Vec<(ClaimInput, String, Option<Delivered>)>) {
+    let (batch, rest): (Vec<ClaimInput>, Vec<(String, Option<Delivered>)>) =
+        items.into_iter().map(|(i, r, d)| (i, (r, d))).unzip();
+    let reasons: Vec<String> = rest.iter().map(|(r, _)| r.clone()).collect();
+    let kept = shared
+        .store
+        .job_dead_kept(&shared.worker_id, &batch, &reasons)
+        .await;
+    let inserted: HashSet<String> = match &kept {
+        Ok(ids) => ids.iter().cloned().collect(),
+        Err(e) => {
+            warn!(cause = %e, "could not keep messages that reused a taken id; they come back");
+            HashSet::new()
+        }
+    };
+    for (input, (reason, d)) in batch.into_iter().zip(rest) {
+        // Not inserted but no error: this very message was kept before (its id is unique).
+        let recorded = kept.is_ok();
+        if recorded {
+            if inserted.contains(&input.job.id) {
+                Stats::add(&shared.stats.id_conflicts, 1);
+                warn!(job.id = %input.job.id, %reason, "message reused a taken id: kept as a dead job");
+                shared.announce_dead(&input.job.queue, &input.job.id, Some(&reason));
+            }
+            if let Some(d) = d {
+                shared.outbound.ack(&d.acker(), AckKind::Ack);
+            }
+        } else if let Some(d) = d {
+            shared
+                .outbound
+                .ack(&d.acker(), AckKind::Nak(Some(Duration::from_secs(5))));
         }
     }
 }
@@ -415,22 +979,20 @@ impl Producer {
 /// Records messages that cannot become jobs, then acks them: as dead jobs with the reason
 /// when possible, in `poison_messages` otherwise. If even that fails they are nak'd and
 /// come back later; nothing is dropped without a record (invariant 9).
-pub(crate) async fn record_invalid(
-    shared: &Shared,
-    queue: &str,
-    items: Vec<(Delivered, String, String)>,
-    confirm_acks: bool,
-) {
+pub(crate) async fn record_invalid(shared: &Shared, queue: &str, items: Vec<Rejected>) {
+    if items.is_empty() {
+        return;
+    }
     let store = &shared.store;
     let me = &shared.worker_id;
     let rows: Vec<(String, String, Value, String)> = items
         .iter()
-        .map(|(d, id, reason)| {
+        .map(|r| {
             (
-                id.clone(),
+                r.id.clone(),
                 queue.to_string(),
-                invalid_payload(&d.body.payload),
-                reason.clone(),
+                invalid_payload(&r.delivered.msg.payload),
+                r.reason.clone(),
             )
         })
         .collect();
@@ -441,34 +1003,48 @@ pub(crate) async fn record_invalid(
             HashSet::new()
         }
     };
-    for (d, id, reason) in items {
-        let recorded = inserted.contains(&id)
+    // An id that was not inserted but exists is this very message, recorded before (ids of
+    // invalid messages are their own stream sequence and time).
+    let missing: Vec<&str> = items
+        .iter()
+        .filter(|r| !inserted.contains(&r.id))
+        .map(|r| r.id.as_str())
+        .collect();
+    let existing: HashSet<String> = if missing.is_empty() {
+        HashSet::new()
+    } else {
+        store
+            .jobs_existing(&missing)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect()
+    };
+    for r in items {
+        let new = inserted.contains(&r.id);
+        let recorded = new
+            || existing.contains(&r.id)
             || store
                 .poison_insert(
                     me,
-                    d.body.subject.as_str(),
-                    Some(d.seq as i64),
-                    &reason,
-                    &d.body.payload,
+                    r.delivered.msg.subject.as_str(),
+                    Some(r.delivered.seq as i64),
+                    &r.reason,
+                    &r.delivered.msg.payload,
                 )
                 .await
                 .is_ok();
         if recorded {
-            Stats::add(&shared.stats.invalid, 1);
-            warn!(queue = %queue, nats.seq = d.seq, job.id = %id, %reason, "invalid message recorded and acked");
-            let acked = if confirm_acks {
-                d.body.double_ack().await
-            } else {
-                d.body.ack().await
-            };
-            if let Err(e) = acked {
-                warn!(nats.seq = d.seq, cause = %e, "ack of a recorded invalid message failed");
+            if new {
+                Stats::add(&shared.stats.invalid, 1);
+                warn!(queue = %queue, nats.seq = r.delivered.seq, job.id = %r.id, reason = %r.reason, "invalid message recorded and acked");
             }
+            shared.outbound.ack(&r.delivered.acker(), AckKind::Ack);
         } else {
-            let _ = d
-                .body
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
-                .await;
+            shared.outbound.ack(
+                &r.delivered.acker(),
+                AckKind::Nak(Some(Duration::from_secs(5))),
+            );
         }
     }
 }
@@ -476,20 +1052,20 @@ pub(crate) async fn record_invalid(
 /// Runs a job holding its slot; the slot frees (and the producer hears of it) at the end.
 async fn run_with_permit(
     shared: Arc<Shared>,
-    handler: Arc<dyn Handler>,
+    attempt: super::ledger::Attempt,
     job: Owned,
     done: mpsc::Sender<Finished>,
     permit: OwnedSemaphorePermit,
     freed: Arc<Notify>,
 ) {
-    execute(shared, handler, job, done).await;
+    execute(shared, attempt, job, done).await;
     drop(permit);
     freed.notify_one();
 }
 
 /// What a dead job keeps of a body that could not be decoded: the body itself when it is a
 /// storable JSON value, else its first 4 KiB as text.
-fn invalid_payload(body: &[u8]) -> Value {
+pub(crate) fn invalid_payload(body: &[u8]) -> Value {
     if let Ok(v) = serde_json::from_slice::<Value>(body) {
         if job::check_storable(&v).is_ok() && body.len() <= 64 * 1024 {
             return json!({ "invalid_body": v, "body_bytes": body.len() });

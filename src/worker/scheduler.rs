@@ -1,20 +1,33 @@
-//! The Scheduler: publishes delayed jobs and retries when they become due.
+//! The Scheduler: publishes delayed jobs, retries and reclaimed jobs when they become due.
 //!
 //! Due rows are locked with `FOR UPDATE SKIP LOCKED`, so the schedulers of several pods share
 //! the work without publishing a job twice in one round. The publish happens inside the
-//! transaction that marks the rows `queued`: a crash before commit leaves them `scheduled`
-//! (published again next round; the claim absorbs the extra message), a failed publish leaves
-//! them `scheduled` too. Each publish uses `Nats-Msg-Id: <id>:<generation>`.
+//! transaction that records what became of each row, and every publish is bounded in time
+//! (the rows stay locked meanwhile):
+//!
+//! - taken by the stream: `queued`, with the stream sequence (for broker-loss repair);
+//! - answered `duplicate` (its `<id>:<generation>` message id was taken): published again at
+//!   once under the next generation — a duplicate is not a publish;
+//! - failed for now (NATS unreachable, timed out): tried again after a short wait, so it
+//!   never holds back the jobs behind it;
+//! - never publishable (the message is over the server's max_payload): dead, with the reason.
+//!
+//! A crash before commit leaves the rows `scheduled` (published again next round; the claim
+//! absorbs the extra message).
 
+use super::outage::Outage;
 use super::{Shared, Stats};
+use crate::broker::{Broker, BrokerError, BROKER_CALL_LIMIT};
 use crate::job::Envelope;
-use crate::store::DueJob;
+use crate::store::{DueJob, DueRound, PublishReport};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Most due jobs published in one round.
 const ROUND_LIMIT: i64 = 500;
+/// How soon a lost LISTEN connection is opened again.
+const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) struct Scheduler {
     shared: Arc<Shared>,
@@ -26,45 +39,87 @@ impl Scheduler {
     }
 
     pub async fn run(self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.shared.config.worker.scheduler_every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = self.shared.config.worker.scheduler_every;
+        let mut outage = Outage::new("scheduler");
+        let mut wait = every;
+        // Jobs enqueued through SQL (`enqueue()`) wake the scheduler when their transaction
+        // commits; polling every `scheduler_every` covers a lost connection.
+        let mut wake: Option<tokio::sync::mpsc::Receiver<()>> = None;
+        let mut listen_tried: Option<std::time::Instant> = None;
         loop {
+            if wake.is_none() && listen_tried.is_none_or(|t| t.elapsed() >= LISTEN_RETRY) {
+                listen_tried = Some(std::time::Instant::now());
+                match self.shared.store.listen_enqueues().await {
+                    Ok(rx) => wake = Some(rx),
+                    Err(e) => debug!(cause = %e, "cannot listen for enqueues; polling"),
+                }
+            }
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            // Keep going while full rounds come back: a backlog drains without waiting ticks.
-            loop {
-                match self.run_once().await {
-                    Ok(n) if n as i64 >= ROUND_LIMIT => continue,
-                    Ok(_) => break,
-                    Err(e) => {
-                        warn!(cause = %e, "scheduler round failed");
-                        break;
+                _ = tokio::time::sleep(wait) => {}
+                woke = async { wake.as_mut()?.recv().await }, if wake.is_some() => {
+                    if woke.is_none() {
+                        wake = None;
                     }
                 }
             }
+            // Keep going while full rounds come back: a backlog drains without waiting ticks.
+            wait = loop {
+                match self.run_once().await {
+                    Ok(r) if r.failed > 0 && r.published == 0 => {
+                        let cause = format!(
+                            "{} due jobs could not be published ({}); each is tried again in {:?}",
+                            r.failed,
+                            r.first_error.as_deref().unwrap_or("unknown"),
+                            crate::store::PUBLISH_RETRY
+                        );
+                        break outage.failed(&cause).max(every);
+                    }
+                    Ok(r) if r.locked as i64 >= ROUND_LIMIT => continue,
+                    Ok(_) => {
+                        outage.ok();
+                        break every;
+                    }
+                    Err(e) => break outage.failed(&e).max(every),
+                }
+            };
         }
     }
 
-    /// Publishes one round of due jobs; returns how many were published.
-    pub async fn run_once(&self) -> Result<usize, crate::store::StoreError> {
+    /// Publishes one round of due jobs; returns what became of them.
+    pub async fn run_once(&self) -> Result<DueRound, crate::store::StoreError> {
         let broker = self.shared.broker.clone();
-        let n = self
+        let round = self
             .shared
             .store
             .job_publish_due(ROUND_LIMIT, |due| publish_all(broker, due))
             .await?;
-        Stats::add(&self.shared.stats.scheduled_published, n as u64);
-        Ok(n)
+        let stats = &self.shared.stats;
+        Stats::add(&stats.scheduled_published, round.published as u64);
+        Stats::add(&stats.republish_duplicates, round.duplicates as u64);
+        Stats::add(&stats.unpublishable, round.dead.len() as u64);
+        for (id, queue) in &round.dead {
+            warn!(job.id = %id, %queue, "job can never be published (over the NATS server's max_payload): dead-lettered");
+            self.shared
+                .announce_dead(queue, id, Some("over the NATS server's max_payload"));
+        }
+        Ok(round)
     }
 }
 
-/// Publishes every due job concurrently, waiting for the stream's acks; returns the ids the
-/// stream accepted.
-async fn publish_all(broker: crate::broker::Broker, due: Vec<DueJob>) -> Vec<String> {
+/// Publishes every due job concurrently, waiting (bounded) for the stream's answers.
+async fn publish_all(broker: Broker, due: Vec<DueJob>) -> PublishReport {
+    let mut report = PublishReport::default();
     let mut pending = Vec::with_capacity(due.len());
+    // The rows stay locked while this runs: once one send could not even be handed to the
+    // client in time (NATS unreachable, its buffer full), the rest of the round fails at
+    // once instead of waiting the same time each.
+    let mut unreachable = false;
     for job in due {
+        if unreachable {
+            report.failed.push(job.id);
+            continue;
+        }
         let envelope = Envelope {
             id: Some(job.id.clone()),
             payload: job.payload,
@@ -81,19 +136,39 @@ async fn publish_all(broker: crate::broker::Broker, due: Vec<DueJob>) -> Vec<Str
             .await
         {
             Ok(ack) => pending.push((job.id, ack)),
+            Err(e @ BrokerError::TooLarge { .. }) => {
+                report.unpublishable.push((job.id, e.to_string()))
+            }
             Err(e) => {
-                warn!(job.id = %job.id, cause = %e, "publishing a due job failed; will retry")
+                debug!(job.id = %job.id, cause = %e, "publishing a due job failed");
+                unreachable |= matches!(e, BrokerError::TimedOut { .. });
+                report.first_error.get_or_insert_with(|| e.to_string());
+                report.failed.push(job.id);
             }
         }
     }
-    let mut published = Vec::with_capacity(pending.len());
-    for (id, ack) in pending {
-        match ack.await {
-            Ok(_) => published.push(id),
-            Err(e) => {
-                warn!(job.id = %id, cause = %e, "stream did not confirm a due job; will retry")
+    // The answers arrive together; one deadline for all of them.
+    let answers =
+        futures::future::join_all(pending.into_iter().map(|(id, ack)| async move {
+            (id, tokio::time::timeout(BROKER_CALL_LIMIT, ack).await)
+        }))
+        .await;
+    for (id, answer) in answers {
+        match answer {
+            Ok(Ok(a)) if a.duplicate => report.duplicates.push(id),
+            Ok(Ok(a)) => report.published.push((id, a.sequence)),
+            Ok(Err(e)) => {
+                debug!(job.id = %id, cause = %e, "the stream did not take a due job");
+                report.first_error.get_or_insert_with(|| e.to_string());
+                report.failed.push(id);
+            }
+            Err(_) => {
+                report
+                    .first_error
+                    .get_or_insert_with(|| "no answer from the stream in time".into());
+                report.failed.push(id);
             }
         }
     }
-    published
+    report
 }

@@ -3,15 +3,18 @@
 //! (`JOBWARDEN_TEST_DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
 #![allow(dead_code)]
 
-use jobwarden::broker::Broker;
+use jobwarden::broker::{Broker, Lane};
 use jobwarden::config::Config;
 use jobwarden::store::Store;
-use jobwarden::testkit::{unique_name, NatsServer};
+#[path = "../../src/bin/jobwarden/testkit.rs"]
+pub mod testkit;
+
 use jobwarden::worker::{RunningWorker, Stats, Worker};
 use jobwarden::Handler;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::{unique_name, NatsServer};
 use tokio_util::sync::CancellationToken;
 
 pub fn test_database_url() -> String {
@@ -45,8 +48,17 @@ impl TestEnv {
 
     /// Like [`TestEnv::new`] against another PostgreSQL (a throwaway cluster).
     pub async fn with_database(database_url: &str, extra_toml: &str) -> TestEnv {
+        TestEnv::with_servers(database_url, "", extra_toml).await
+    }
+
+    /// Like [`TestEnv::new`] with extra nats-server settings (e.g. `max_payload: 8192`).
+    pub async fn with_nats_conf(nats_conf: &str, extra_toml: &str) -> TestEnv {
+        TestEnv::with_servers(&test_database_url(), nats_conf, extra_toml).await
+    }
+
+    async fn with_servers(database_url: &str, nats_conf: &str, extra_toml: &str) -> TestEnv {
         init_logs();
-        let nats = NatsServer::start().expect("start nats-server");
+        let nats = NatsServer::start_with_conf(nats_conf).expect("start nats-server");
         let schema = unique_name("t");
         let text = format!(
             "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n\
@@ -62,7 +74,9 @@ impl TestEnv {
         let broker = Broker::connect(&config.nats).await.expect("connect nats");
         broker.provision_stream().await.expect("stream");
         for q in config.queues.keys() {
-            broker.provision_consumer(q).await.expect("consumer");
+            for lane in Lane::all(q) {
+                broker.provision_consumer(&lane).await.expect("consumer");
+            }
         }
         TestEnv {
             nats,
@@ -100,6 +114,40 @@ impl TestEnv {
             .expect("publish")
             .await
             .expect("publish ack");
+    }
+
+    /// Publishes `n` jobs `<prefix>-<i>` whose payload `{"hold": true}` makes
+    /// [`RecordingApp`] hold them until released; returns their ids.
+    pub async fn publish_held(&self, prefix: &str, n: usize) -> Vec<String> {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let id = format!("{prefix}-{i}");
+            self.publish_raw(
+                "work",
+                format!(r#"{{"id":"{id}","payload":{{"hold":true}}}}"#),
+            )
+            .await;
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// When worker `id` last beat, as the database recorded it.
+    pub async fn heartbeat_at(&self, id: &str) -> std::time::SystemTime {
+        let c = self.store.raw().await.unwrap();
+        c.query_one("SELECT heartbeat_at FROM workers WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Waits (up to `secs`) for worker `id`'s next beat; returns whether it came.
+    pub async fn wait_for_beat(&self, id: &str, secs: u64) -> bool {
+        let first = self.heartbeat_at(id).await;
+        wait_for(Duration::from_secs(secs), || async {
+            self.heartbeat_at(id).await != first
+        })
+        .await
     }
 
     /// Count of jobs with `status`.
@@ -143,11 +191,74 @@ impl TestEnv {
         )
     }
 
-    /// Messages the queue's consumer still holds (not yet delivered + delivered, unacked).
+    /// Enqueues job `id` of `queue` through PostgreSQL (the Rust client), as a producer that
+    /// names its jobs would.
+    pub async fn enqueue_id(
+        &self,
+        queue: &str,
+        id: &str,
+        payload: serde_json::Value,
+    ) -> Result<jobwarden::store::Enqueued, jobwarden::client::ClientError> {
+        jobwarden::client::Client::new(self.store.clone(), self.broker.clone())
+            .enqueue(
+                queue,
+                payload,
+                jobwarden::client::EnqueueOptions {
+                    id: Some(id.to_string()),
+                    ..Default::default()
+                },
+            )
+            .await
+    }
+
+    /// Claims the plain job `id` of queue `work` as worker `worker` (registered here), as
+    /// another pod's claim would.
+    pub async fn claim_as(
+        &self,
+        worker: &str,
+        id: &str,
+        stale_after: Duration,
+    ) -> jobwarden::store::ClaimAnswer {
+        let c = self.store.raw().await.unwrap();
+        c.execute(
+            "INSERT INTO workers (id, hostname, pid, version) VALUES ($1, 'other', 1, 'test') \
+             ON CONFLICT DO NOTHING",
+            &[&worker],
+        )
+        .await
+        .unwrap();
+        let input = jobwarden::store::ClaimInput {
+            job: jobwarden::job::NewJob {
+                id: id.into(),
+                queue: "work".into(),
+                payload: serde_json::json!({}),
+                priority: 5,
+                max_attempts: None,
+                timeout: None,
+                idempotency_key: None,
+                run_at_ms: None,
+                backoff: None,
+            },
+            max_attempts: 3,
+            traceparent: None,
+        };
+        self.store
+            .job_claim(worker, stale_after, &[input])
+            .await
+            .unwrap()
+    }
+
+    /// Messages the queue's consumers still hold (not yet delivered + delivered, unacked),
+    /// over all its lanes.
     pub async fn consumer_backlog(&self, queue: &str) -> (u64, usize) {
-        let mut c = self.broker.consumer(queue).await.unwrap();
-        let info = c.info().await.unwrap();
-        (info.num_pending, info.num_ack_pending)
+        let (mut pending, mut unacked) = (0, 0);
+        for lane in Lane::all(queue) {
+            let mut c = self.broker.consumer(&lane).await.unwrap();
+            let info = c.info().await.unwrap();
+            pending += info.num_pending;
+            unacked += info.num_ack_pending;
+        }
+        (pending, unacked)
     }
 
     /// Waits until the consumer has nothing pending or unacked.
@@ -171,8 +282,17 @@ impl Drop for TestEnv {
         let db = self.config.database.clone();
         let _ = std::thread::spawn(move || {
             tokio::runtime::Runtime::new().unwrap().block_on(async {
-                if let Ok(store) = Store::connect(&db).await {
-                    let _ = store.drop_schema().await;
+                // Bounded: a test that panicked may have frozen its worker mid-transaction
+                // (its runtime is blocked here); the schema is then left behind.
+                let dropped = tokio::time::timeout(Duration::from_secs(10), async {
+                    match Store::connect(&db).await {
+                        Ok(store) => store.drop_schema().await.is_ok(),
+                        Err(_) => false,
+                    }
+                })
+                .await;
+                if !matches!(dropped, Ok(true)) {
+                    eprintln!("test schema {} was not dropped", db.schema);
                 }
             })
         })
@@ -212,22 +332,34 @@ pub struct ChildWorker {
 impl ChildWorker {
     /// Starts `jobwarden run` with `config` (written to a temp file) as `hostname`.
     pub fn spawn(config: &Config, hostname: &str) -> ChildWorker {
+        ChildWorker::spawn_with(config, hostname, None)
+    }
+
+    /// Like [`ChildWorker::spawn`], with the process's log (stderr, at `warn`) written to
+    /// `log`.
+    pub fn spawn_logged(config: &Config, hostname: &str, log: &std::path::Path) -> ChildWorker {
+        ChildWorker::spawn_with(config, hostname, Some(log))
+    }
+
+    fn spawn_with(config: &Config, hostname: &str, log: Option<&std::path::Path>) -> ChildWorker {
         let path = std::env::temp_dir().join(format!(
             "jobwarden-{}-{hostname}-{:08x}.toml",
             std::process::id(),
             rand::random::<u32>()
         ));
         std::fs::write(&path, config.to_redacted_toml()).unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"))
-            .args(["--config", path.to_str().unwrap(), "run"])
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"));
+        cmd.args(["--config", path.to_str().unwrap(), "run"])
             .env("JOBWARDEN_WORKER__HOSTNAME", hostname)
             .env(
                 "RUST_LOG",
                 std::env::var("CHILD_LOG").unwrap_or_else(|_| "warn".into()),
             )
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn jobwarden run");
+            .stdin(std::process::Stdio::null());
+        if let Some(log) = log {
+            cmd.stderr(std::fs::File::create(log).expect("create the worker's log file"));
+        }
+        let child = cmd.spawn().expect("spawn jobwarden run");
         ChildWorker {
             child,
             hostname: hostname.into(),
@@ -246,6 +378,12 @@ impl ChildWorker {
     pub fn kill9(&mut self) {
         self.signal(nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.wait();
+    }
+
+    /// SIGKILL without reaping: the process stays a zombie until this handle is dropped,
+    /// as after `kill -9` from a shell whose parent has not waited for it yet.
+    pub fn kill9_leaving_zombie(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
     }
 
     /// Waits for the process to exit, up to `limit`; returns its exit code.
@@ -277,14 +415,57 @@ pub struct Start {
     pub attempt: u64,
     pub worker: String,
     pub at: Instant,
+    /// The progress URL the worker gave this attempt.
+    pub progress_url: String,
+}
+
+/// One run of a job in [`RecordingApp`]: from the request's arrival until the app answered
+/// or the worker went away (the request was dropped).
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub id: String,
+    pub attempt: u64,
+    pub worker: String,
+    pub start: Instant,
+    pub end: Instant,
+    pub answered: bool,
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Records a run when the request's future ends, answered or dropped.
+struct RunGuard {
+    runs: Arc<std::sync::Mutex<Vec<Run>>>,
+    run: Option<Run>,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if let Some(mut run) = self.run.take() {
+            run.end = Instant::now();
+            self.runs.lock().unwrap().push(run);
+        }
+    }
 }
 
 /// A local application for the http handler that records every start and every answer.
 /// Payload `{"ms": N}` answers after N ms; `{"hold": true}` answers only after
-/// [`RecordingApp::release`] (or never, for a job whose worker dies first).
+/// [`RecordingApp::release`] (or never, for a job whose worker dies first); `{"chatty": true}`
+/// reports progress every 5 ms while it runs.
 pub struct RecordingApp {
     pub url: String,
     pub starts: Arc<std::sync::Mutex<Vec<Start>>>,
+    /// Every run that ended (answered, or dropped because the worker went away).
+    pub runs: Arc<std::sync::Mutex<Vec<Run>>>,
     /// (id, attempt, worker) of every 200 answered.
     pub answered: Arc<std::sync::Mutex<Vec<(String, u64, String)>>>,
     release: Arc<tokio::sync::Notify>,
@@ -295,22 +476,25 @@ impl RecordingApp {
     pub async fn start() -> RecordingApp {
         use std::sync::atomic::AtomicBool;
         let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
         let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
         let release = Arc::new(tokio::sync::Notify::new());
         let released = Arc::new(AtomicBool::new(false));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (s, a, r, rd) = (
+        let (s, a, r, rd, rn) = (
             starts.clone(),
             answered.clone(),
             release.clone(),
             released.clone(),
+            runs.clone(),
         );
         let app = axum::Router::new().route(
             "/jobs",
             axum::routing::post(
                 move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let (s, a, r, rd) = (s.clone(), a.clone(), r.clone(), rd.clone());
+                    let (s, a, r, rd, rn) =
+                        (s.clone(), a.clone(), r.clone(), rd.clone(), rn.clone());
                     async move {
                         let job: serde_json::Value = serde_json::from_slice(&body).unwrap();
                         let id = job["id"].as_str().unwrap().to_string();
@@ -319,12 +503,44 @@ impl RecordingApp {
                             .get("x-jobwarden-worker")
                             .map(|v| v.to_str().unwrap().to_string())
                             .unwrap_or_default();
+                        let now = Instant::now();
                         s.lock().unwrap().push(Start {
                             id: id.clone(),
                             attempt,
                             worker: worker.clone(),
-                            at: Instant::now(),
+                            at: now,
+                            progress_url: job["progress_url"].as_str().unwrap_or("").into(),
                         });
+                        let mut guard = RunGuard {
+                            runs: rn,
+                            run: Some(Run {
+                                id: id.clone(),
+                                attempt,
+                                worker: worker.clone(),
+                                start: now,
+                                end: now,
+                                answered: false,
+                            }),
+                        };
+                        // Chatty jobs report progress every 5 ms while they run (each
+                        // report is a fenced write and an in-progress ack).
+                        let chatty = job["payload"]["chatty"] == serde_json::json!(true);
+                        let reporter = chatty.then(|| {
+                            let url = job["progress_url"].as_str().unwrap_or("").to_string();
+                            tokio::spawn(async move {
+                                let http = reqwest::Client::new();
+                                loop {
+                                    let _ = http
+                                        .post(&url)
+                                        .header("content-type", "application/json")
+                                        .body(r#"{"stage":"chatty"}"#)
+                                        .send()
+                                        .await;
+                                    tokio::time::sleep(Duration::from_millis(5)).await;
+                                }
+                            })
+                        });
+                        let _stop_reporter = AbortOnDrop(reporter);
                         if job["payload"]["hold"] == serde_json::json!(true) {
                             while !rd.load(std::sync::atomic::Ordering::SeqCst) {
                                 let notified = r.notified();
@@ -338,6 +554,10 @@ impl RecordingApp {
                             tokio::time::sleep(Duration::from_millis(ms)).await;
                         }
                         a.lock().unwrap().push((id, attempt, worker));
+                        if let Some(run) = guard.run.as_mut() {
+                            run.answered = true;
+                        }
+                        drop(guard);
                         axum::http::StatusCode::OK
                     }
                 },
@@ -347,6 +567,7 @@ impl RecordingApp {
         RecordingApp {
             url: format!("http://{addr}/jobs"),
             starts,
+            runs,
             answered,
             release,
             released,

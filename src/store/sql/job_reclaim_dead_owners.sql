@@ -1,11 +1,12 @@
--- The heartbeat reaper: declares workers whose heartbeat lapsed dead, and takes back every
--- job still `processing` under a stopped or dead owner. A reclaimed job becomes `scheduled`
--- now (the scheduler republishes it at once), or `dead` when that attempt was its last: a
--- crash costs an attempt. The owner is cleared, so its late writes fail the fence.
--- $1 dead after (ms); $2 limit.
+-- The heartbeat reaper: declares dead the workers whose heartbeat is older than the
+-- dead_after *they* declared, and takes back every job still `processing` under a stopped
+-- or dead owner. A reclaimed job becomes `scheduled` now (the scheduler republishes it at
+-- once), or `dead` when that attempt was its last: a crash costs an attempt. The owner is
+-- cleared, so its late writes fail the fence.
+-- $1 limit.
 WITH dead AS (
     UPDATE workers SET stopped_at = now(), stop_reason = 'owner_dead'
-    WHERE stopped_at IS NULL AND heartbeat_at < now() - $1::int8 * interval '1 millisecond'
+    WHERE stopped_at IS NULL AND heartbeat_at < now() - dead_after_ms * interval '1 millisecond'
     RETURNING id
 ),
 -- Owners whose jobs are orphaned: dead now, or stopped lately (a stopped worker's leftover
@@ -20,8 +21,9 @@ victims AS (
           UNION ALL
           SELECT id FROM workers
           WHERE stopped_at > now() - interval '1 day'
-             OR (stopped_at IS NULL AND heartbeat_at < now() - $1::int8 * interval '1 millisecond')))
-    LIMIT $2
+             OR (stopped_at IS NULL
+                 AND heartbeat_at < now() - dead_after_ms * interval '1 millisecond')))
+    LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 )
 SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'owner_dead'::text)

@@ -1,14 +1,17 @@
--- The stale sweep: takes back `processing` jobs whose last activity (claim or progress
--- report) is older than their queue's stale_after — a hung handler in a live process.
--- $1 default stale_after (ms); $2 queues; $3 their stale_after (ms); $4 the smallest
--- stale_after (ms, lets the index do the work); $5 limit.
+-- The stale sweep: takes back `processing` jobs past the stale deadline their owner declared
+-- (claim or last progress report + the queue's stale_after, as the owning pod set it) — a
+-- hung handler in a live process. Any pod may sweep; none judges by its own settings —
+-- except for jobs claimed by a version before schema 3 (no deadline stored: a rolling
+-- upgrade), which are judged by their last activity and the sweeping pod's stale_after.
+-- $1 limit; $2 stale_after (ms) for jobs without a deadline.
 WITH victims AS (
-    SELECT j.id, j.worker_id AS owner
-    FROM jobs j LEFT JOIN unnest($2::text[], $3::int8[]) AS q(queue, stale_ms) ON q.queue = j.queue
+    SELECT j.id
+    FROM jobs j
     WHERE j.status = 'processing'
-      AND j.last_activity_at < now() - $4::int8 * interval '1 millisecond'
-      AND j.last_activity_at < now() - COALESCE(q.stale_ms, $1::int8) * interval '1 millisecond'
-    LIMIT $5
+      AND (j.stale_at < now()
+           OR (j.stale_at IS NULL
+               AND j.last_activity_at < now() - $2::int8 * interval '1 millisecond'))
+    LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 )
 SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'stale'::text)

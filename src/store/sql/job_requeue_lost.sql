@@ -1,11 +1,19 @@
--- Broker-loss reconciliation: `queued` jobs of a queue whose consumer has nothing left to
--- deliver, and that waited longer than the deadline, have no message any more (lost by
--- the broker, purged, or the publish failed after commit). They become `scheduled` now, so
--- the scheduler republishes them with a new message id.
--- $1 queue; $2 deadline (ms); $3 limit.
+-- Broker-loss repair: `queued` jobs of one lane of a queue (the jobs of one priority: they
+-- are published to that lane's subject) that waited longer than the deadline and
+-- whose message cannot be in the stream any more. The caller reads the queue's consumer and
+-- the stream: every sequence up to $4 has been delivered (or purged), none above $5 exists,
+-- and the stream was created at $6. A job is lost when its publish was never confirmed
+-- (no sequence), its sequence was delivered or purged (a live fetcher would have claimed
+-- it), lies beyond the stream's end, or belongs to an earlier incarnation of the stream.
+-- Such jobs become `scheduled` now, so the scheduler republishes them with a new message id.
+-- This works under any backlog: messages still waiting in the stream are never touched.
+-- $1 queue; $2 deadline (ms); $3 limit; $4 highest sequence delivered or purged;
+-- $5 the stream's last sequence; $6 the stream's creation time; $7 the lane's priority.
 WITH lost AS (
     SELECT id FROM jobs
-    WHERE status = 'queued' AND queue = $1 AND updated_at < now() - $2::int8 * interval '1 millisecond'
+    WHERE status = 'queued' AND queue = $1 AND priority = $7::int2
+      AND updated_at < now() - $2::int8 * interval '1 millisecond'
+      AND (stream_seq IS NULL OR stream_seq <= $4 OR stream_seq > $5 OR updated_at < $6)
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ),
@@ -17,6 +25,6 @@ r AS (
 history AS (
     INSERT INTO job_attempts (job_id, lease, attempt, outcome, error)
     SELECT id, lease, attempts, 'broker_lost',
-           'queued but no message left in the stream; republished' FROM r
+           'queued but its message is no longer in the stream; republished' FROM r
 )
 SELECT id FROM r

@@ -21,6 +21,7 @@ done AS (
                             ELSE j.scheduled_at END,
         last_error = COALESCE(i.error, j.last_error),
         result = i.result,
+        stale_at = NULL,
         updated_at = now()
     FROM input i
     WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease

@@ -7,8 +7,13 @@
 //! crash/recovery tests need. Dropping either one kills the server and
 //! deletes its directory.
 //!
+//! The test suite includes this file too (`tests/common`), and uses more of it than the
+//! binary does.
+//!
 //! No mocks: these spawn the real binaries (`nats-server`, `initdb`,
 //! `pg_ctl`) and fail with an installation hint when they are missing.
+
+#![allow(dead_code)]
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -106,13 +111,28 @@ pub struct NatsServer {
     /// The temp dir holding `store/` and `nats.log`; removed on drop.
     dir: PathBuf,
     binary: PathBuf,
+    /// A configuration file (`-c`) with extra settings, when given.
+    conf: Option<PathBuf>,
 }
 
 impl NatsServer {
     /// Start a JetStream-enabled server on a free port in a fresh temp dir.
     pub fn start() -> Result<NatsServer> {
+        NatsServer::start_with_conf("")
+    }
+
+    /// Like [`NatsServer::start`], with extra server settings in nats-server's configuration
+    /// syntax (e.g. `max_payload: 8192`); empty for none.
+    pub fn start_with_conf(conf: &str) -> Result<NatsServer> {
         let binary = find_nats().ok_or_else(|| anyhow!(NATS_MISSING))?;
         let dir = make_temp_dir(&std::env::temp_dir(), "nats")?;
+        let conf = if conf.trim().is_empty() {
+            None
+        } else {
+            let path = dir.join("nats.conf");
+            std::fs::write(&path, conf).with_context(|| format!("write {}", path.display()))?;
+            Some(path)
+        };
         let mut server = NatsServer {
             port: free_port(),
             store_dir: dir.join("store"),
@@ -120,6 +140,7 @@ impl NatsServer {
             child: None,
             dir,
             binary,
+            conf,
         };
         // On failure `server` is dropped here, which removes the temp dir.
         server.spawn_and_wait()?;
@@ -129,6 +150,16 @@ impl NatsServer {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The directory holding the server's store and log (removed on drop).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The last `n` lines of the server's log (post-mortems).
+    pub fn log_tail(&self, n: usize) -> String {
+        tail(&self.log_file, n)
     }
 
     pub fn port(&self) -> u16 {
@@ -177,7 +208,11 @@ impl NatsServer {
 
     fn spawn_once(&mut self) -> Result<()> {
         let port = self.port.to_string();
-        let child = Command::new(&self.binary)
+        let mut cmd = Command::new(&self.binary);
+        if let Some(conf) = &self.conf {
+            cmd.arg("-c").arg(conf);
+        }
+        let child = cmd
             .args(["-js", "-a", "127.0.0.1", "-p", &port])
             .arg("-sd")
             .arg(&self.store_dir)
@@ -298,6 +333,11 @@ impl PgCluster {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The cluster's directory (data, log, socket; removed on drop).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -332,6 +372,53 @@ impl PgCluster {
     pub fn restart_immediate(&self) -> Result<()> {
         self.stop_immediate()?;
         self.start_again()
+    }
+
+    /// Stalls the whole server (postmaster and every backend) with SIGSTOP, like a host that
+    /// hangs: connections stay open, nothing answers. [`PgCluster::resume`] continues it.
+    pub fn pause(&self) -> Result<()> {
+        self.signal_all(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Continues a server stalled by [`PgCluster::pause`].
+    pub fn resume(&self) -> Result<()> {
+        self.signal_all(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    /// Sends `sig` to the postmaster and all its children.
+    fn signal_all(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        let pid_file = self.data_dir().join("postmaster.pid");
+        let text = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("read {}", pid_file.display()))?;
+        let postmaster: i32 = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no pid in {}", pid_file.display()))?;
+        let mut pids = vec![postmaster];
+        for entry in std::fs::read_dir("/proc")?.flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid …`: the parent is the second field after the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(postmaster) {
+                if let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                    pids.push(pid);
+                }
+            }
+        }
+        // Stop the postmaster first (it would notice stopped children), continue it last.
+        if sig == nix::sys::signal::Signal::SIGCONT {
+            pids.reverse();
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+        Ok(())
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -422,72 +509,4 @@ fn find_pg_bin_dir() -> Option<PathBuf> {
     find_binary("initdb", &[])
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .filter(|d| has_server_bins(d))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unique_name_is_a_safe_identifier() {
-        let a = unique_name("Job-Test");
-        let b = unique_name("Job-Test");
-        assert_ne!(a, b);
-        assert!(a.starts_with(&format!("job_test_{}_", std::process::id())));
-        assert!(a
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
-    }
-
-    #[test]
-    fn nats_server_start_restart_drop() {
-        let mut nats = NatsServer::start().expect("start nats-server");
-        assert_eq!(nats.url(), format!("nats://127.0.0.1:{}", nats.port()));
-        assert!(tcp_ready(nats.port()));
-        assert!(NatsServer::version().unwrap().contains("v2."));
-
-        nats.restart().expect("restart nats-server");
-        assert!(tcp_ready(nats.port()));
-        assert!(nats.store_dir.join("jetstream").exists());
-
-        let dir = nats.dir.clone();
-        drop(nats);
-        assert!(!dir.exists(), "temp dir should be removed on drop");
-    }
-
-    #[tokio::test]
-    async fn pg_cluster_query_crash_restart() {
-        async fn select_one(url: &str) -> i32 {
-            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-                .await
-                .expect("connect to postgres");
-            tokio::spawn(conn);
-            client.query_one("SELECT 1", &[]).await.unwrap().get(0)
-        }
-
-        let pg = PgCluster::start().expect("start postgres");
-        assert_eq!(select_one(&pg.url()).await, 1);
-
-        pg.stop_immediate().expect("stop -m immediate");
-        pg.start_again().expect("start again");
-        assert_eq!(select_one(&pg.url()).await, 1);
-
-        pg.restart_immediate().expect("restart_immediate");
-        assert_eq!(select_one(&pg.url()).await, 1);
-
-        let dir = pg.dir.clone();
-        drop(pg);
-        assert!(!dir.exists(), "cluster dir should be removed on drop");
-    }
-
-    #[tokio::test]
-    async fn pg_cluster_fast() {
-        let pg = PgCluster::start_fast().expect("start postgres (fast)");
-        let (client, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let fsync: String = client.query_one("SHOW fsync", &[]).await.unwrap().get(0);
-        assert_eq!(fsync, "off");
-    }
 }

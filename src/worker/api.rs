@@ -1,9 +1,11 @@
 //! The sidecar's local API, for the application beside it:
 //!
-//! - `POST /v1/jobs/{id}/progress` `{"progress":0.4,"stage":"render","message":"page 3"}` —
-//!   records progress for a job this worker runs (fenced by its lease) and keeps its message
-//!   alive. `200` recorded; `404` not running here; `409` taken from this worker (stop work);
-//!   `400` malformed body.
+//! - `POST /v1/jobs/{id}/progress?lease=N` `{"progress":0.4,"stage":"render","message":"page
+//!   3"}` — records progress for one attempt of a job this worker runs (the job's
+//!   `progress_url` names it; the lease is the attempt's fencing token) and keeps its message
+//!   alive. `200` recorded; `404` that attempt does not run here (any more); `409` taken from
+//!   this worker (stop work); `400` malformed body or no lease. A report from an attempt that
+//!   was stopped never counts for a later attempt of the same job.
 //! - `POST /v1/drain` — stop taking jobs, let running ones finish within
 //!   `worker.shutdown_grace`, give back the rest; answers when done with
 //!   `{"finished": n, "released": m}`. The process keeps running (for a Kubernetes `preStop`
@@ -11,9 +13,9 @@
 //! - `GET /healthz` — the process is alive (liveness: never checks the servers).
 //! - `GET /readyz` — PostgreSQL and NATS answer and the worker is not draining (readiness).
 
+use super::Shared;
 use crate::handler::Progress;
-use crate::worker::Shared;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -43,11 +45,27 @@ pub(crate) async fn serve(
     }
 }
 
+#[derive(serde::Deserialize)]
+struct AttemptQuery {
+    lease: Option<i64>,
+}
+
 async fn progress(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<String>,
+    Query(attempt): Query<AttemptQuery>,
     body: axum::body::Bytes,
 ) -> impl IntoResponse {
+    let Some(lease) = attempt.lease else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": format!(
+                "progress reports must name the attempt: post to the progress_url given with \
+                 the job (/v1/jobs/{id}/progress?lease=<lease>; exec handlers get it as \
+                 JOB_PROGRESS_URL)"
+            )})),
+        );
+    };
     let report: Progress = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -59,18 +77,15 @@ async fn progress(
             )
         }
     };
-    let running_here = shared
-        .inflight
-        .lock()
-        .expect("inflight lock")
-        .contains_key(&id);
-    if !running_here {
+    if shared.ledger.progressed(&id, lease).is_none() {
         return (
             StatusCode::NOT_FOUND,
-            Json(json!({"error": format!("job {id} is not running on this worker")})),
+            Json(
+                json!({"error": format!("attempt {lease} of job {id} is not running on this worker; stop working on it")}),
+            ),
         );
     }
-    match crate::worker::executor_report(&shared, &id, &report).await {
+    match super::executor::report_progress(&shared, &id, lease, &report).await {
         Ok(()) => (StatusCode::OK, Json(json!({"ok": true}))),
         Err(_) => (
             StatusCode::CONFLICT,

@@ -13,10 +13,10 @@
 //!   (permanent) and is dead-lettered at once.
 //! - `images` (http): reports progress three times through the sidecar's local API.
 
-use crate::config::redact_url;
-use crate::store::Store;
 use crate::testkit::{NatsServer, PgCluster};
 use anyhow::{Context, Result};
+use jobwarden::config::redact_url;
+use jobwarden::store::Store;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -83,13 +83,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     println!("configuration: {}", config_path.display());
 
     // Migrate and provision once up front, so jobs published before the workers are up wait.
-    let config = crate::config::Config::load(Some(&config_path))?;
+    let config = jobwarden::config::Config::load(Some(&config_path))?;
     let store = Store::connect(&config.database).await?;
     store.migrate().await?;
-    let broker = crate::broker::Broker::connect(&config.nats).await?;
+    let broker = jobwarden::broker::Broker::connect(&config.nats).await?;
     broker.provision_stream().await?;
     for q in config.queues.keys() {
-        broker.provision_consumer(q).await?;
+        broker
+            .provision_consumer(&jobwarden::broker::Lane::bare(q))
+            .await?;
     }
 
     let exe = std::env::current_exe()?;
@@ -200,13 +202,17 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
     if let Some(n) = crash_at {
         println!("the {n} jobs demo-1 had in flight when it was killed were taken back at its restart (outcome `restarted`) and run again;");
-        println!("messages it had received but not yet claimed came back from JetStream after ack_wait (30 s here)");
+        println!("messages it had received but not yet claimed are adopted from the stream within seconds (outcome `adopted`),");
+        println!("not after ack_wait (10 min)");
     }
 
     println!("\nfinal counts per queue:");
     print_table(&store.job_counts().await?);
     println!("\njobwarden stats (the job_stats view):");
-    print!("{}", crate::store::format_stats(&store.job_stats().await?));
+    print!(
+        "{}",
+        jobwarden::store::format_stats(&store.job_stats().await?)
+    );
     println!("\nwhy attempts ended (job_attempts.outcome):");
     let c = store.raw().await?;
     for r in c
@@ -261,15 +267,14 @@ schema = "{schema}"
 [nats]
 url = "{nats}"
 stream = "{stream}"
-# Short for the demo: a message delivered to a worker that is killed before it claims the
-# job comes back after ack_wait (it must stay above stale_after + sweep_every).
-ack_wait = "30s"
 
 [worker]
 api_listen = "127.0.0.1:0"
 migrate = false
 stale_after = "20s"
 sweep_every = "5s"
+# A message a killed worker had fetched but not claimed is adopted after this long.
+adopt_after = "1s"
 
 [queues.email]
 concurrency = 8

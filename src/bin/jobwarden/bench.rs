@@ -9,12 +9,12 @@
 //! 2. latency: with the worker idle and waiting, publish jobs at a steady rate; each payload
 //!    carries its publish time, the handler records `start - publish`.
 
-use crate::broker::Broker;
-use crate::config::{Config, HandlerConfig, QueueConfig};
-use crate::handler::{from_fn, Handler};
-use crate::store::Store;
-use crate::worker::{Stats, Worker};
 use anyhow::{Context, Result};
+use jobwarden::broker::Broker;
+use jobwarden::config::{Config, HandlerConfig, QueueConfig};
+use jobwarden::handler::{from_fn, Handler};
+use jobwarden::store::Store;
+use jobwarden::worker::{Stats, Worker};
 use serde_json::json;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -44,6 +44,12 @@ pub struct BenchArgs {
     /// Start throwaway nats-server and PostgreSQL instead of the configured ones.
     #[arg(long)]
     pub throwaway: bool,
+    /// A cluster-wide cap on the bench queue (to measure what flow control costs).
+    #[arg(long)]
+    pub global_concurrency: Option<u32>,
+    /// A cluster-wide rate limit on the bench queue, e.g. 1000000/1s.
+    #[arg(long)]
+    pub rate_limit: Option<String>,
 }
 
 fn now_micros() -> i64 {
@@ -92,8 +98,8 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1),
-        crate::config::redact_url(&base.database.url),
-        crate::config::redact_url(&base.nats.url)
+        jobwarden::config::redact_url(&base.database.url),
+        jobwarden::config::redact_url(&base.nats.url)
     );
     let mut kinds = vec!["rust"];
     if !args.no_http {
@@ -173,6 +179,8 @@ async fn phase(
         handler: Some(http.unwrap_or(HandlerConfig::Rust {
             name: "noop".into(),
         })),
+        global_concurrency: args.global_concurrency,
+        rate_limit: args.rate_limit.clone(),
         ..QueueConfig::default()
     };
     config.queues.insert("bench".into(), queue);
@@ -198,7 +206,9 @@ async fn phase(
     store.migrate().await?;
     let broker = Broker::connect(&config.nats).await?;
     broker.provision_stream().await?;
-    broker.provision_consumer("bench").await?;
+    broker
+        .provision_consumer(&jobwarden::broker::Lane::bare("bench"))
+        .await?;
     let subject = broker.subject("bench");
 
     let cancel = CancellationToken::new();

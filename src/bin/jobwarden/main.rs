@@ -1,6 +1,11 @@
 //! The `jobwarden` command: a thin layer that parses arguments, loads the configuration and
 //! calls the library. Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or arguments.
 
+mod bench;
+mod bench_recovery;
+mod demo;
+mod testkit;
+
 use anyhow::{anyhow, Context, Result};
 use clap::{Parser, Subcommand};
 use jobwarden::client::{Client, EnqueueOptions};
@@ -56,7 +61,8 @@ enum Command {
         /// Per-job timeout, e.g. 2m.
         #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<Duration>,
-        /// Enqueueing twice with the same key returns the first job.
+        /// Enqueueing twice with the same key returns the first job (the same key with
+        /// another payload is an error).
         #[arg(long)]
         idempotency_key: Option<String>,
         /// Job id (default: a new UUIDv7).
@@ -77,15 +83,20 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Cron schedules: `cron list` shows each one's last and next fires.
+    Cron {
+        #[command(subcommand)]
+        command: CronCommand,
+    },
     /// Per-queue statistics (the job_stats view).
     Stats {
         #[arg(long)]
         json: bool,
     },
     /// Benchmark: push no-op jobs through a worker and print throughput and latency.
-    Bench(jobwarden::bench::BenchArgs),
+    Bench(bench::BenchArgs),
     /// Demo: throwaway servers, several workers, a mixed workload, live progress and counts.
-    Demo(jobwarden::demo::DemoArgs),
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Subcommand)]
@@ -158,6 +169,17 @@ fn parse_backoff(s: &str) -> Result<jobwarden::backoff::Backoff, String> {
 fn parse_age(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not an age ({e}); write it like 30d, 12h or 90m"))
+}
+
+#[derive(Subcommand)]
+enum CronCommand {
+    /// Every schedule of the configuration: expression, time zone, queue, missed-fire
+    /// policy, when it last fired (from the database) and its next fires.
+    List {
+        /// How many next fires to show.
+        #[arg(long, default_value_t = 3)]
+        next: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -269,7 +291,9 @@ async fn real_main(cli: Cli) -> Result<()> {
                 .get(&queue)
                 .map(|q| q.max_attempts as i32)
                 .unwrap_or(jobwarden::config::DEFAULT_MAX_ATTEMPTS as i32);
-            let client = Client::new(store, broker).with_default_max_attempts(default_attempts);
+            let client = Client::new(store, broker)
+                .with_default_max_attempts(default_attempts)
+                .with_max_payload_bytes(config.worker.max_payload_bytes);
             let opts = EnqueueOptions {
                 id,
                 priority,
@@ -293,6 +317,12 @@ async fn real_main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Cron {
+            command: CronCommand::List { next },
+        } => {
+            let config = Config::load_connections(path.as_deref())?;
+            cron_list(&config, next).await
+        }
         Command::Jobs { command } => {
             let config = Config::load_connections(path.as_deref())?;
             let store = Store::connect(&config.database).await?;
@@ -308,8 +338,8 @@ async fn real_main(cli: Cli) -> Result<()> {
             let store = Store::connect(&config.database).await?;
             stats(&store, json).await
         }
-        Command::Bench(args) => jobwarden::bench::run(args, path.as_deref()).await,
-        Command::Demo(args) => jobwarden::demo::run(args).await,
+        Command::Bench(args) => bench::run(args, path.as_deref()).await,
+        Command::Demo(args) => demo::run(args).await,
     }
 }
 
@@ -408,11 +438,14 @@ async fn dlq(store: &Store, command: DlqCommand) -> Result<()> {
 
 async fn stats(store: &Store, json: bool) -> Result<()> {
     let rows = store.job_stats().await?;
+    let unserved = store.unserved_list().await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let out = serde_json::json!({ "queues": rows, "unserved": unserved });
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     print!("{}", jobwarden::store::format_stats(&rows));
+    print!("{}", jobwarden::store::format_unserved(&unserved));
     Ok(())
 }
 
@@ -451,14 +484,17 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                 ))
             })?;
             let attempts = store.job_attempts(&id).await?;
+            let waiting = store.job_explain(&id).await?.unwrap_or_default();
             if json {
-                let v = serde_json::json!({"job": job, "attempts": attempts});
+                let v =
+                    serde_json::json!({"job": job, "attempts": attempts, "waiting_for": waiting});
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
             println!("id:            {}", job.id);
             println!("queue:         {}", job.queue);
             println!("status:        {}", job.status);
+            println!("waiting for:   {waiting}");
             println!("priority:      {}", job.priority);
             println!("attempts:      {} of {}", job.attempts, job.max_attempts);
             println!(
@@ -576,4 +612,59 @@ fn init_tracing(json: bool) {
     } else {
         builder.init();
     }
+}
+
+/// `jobwarden cron list`.
+async fn cron_list(config: &Config, next: usize) -> anyhow::Result<()> {
+    if config.cron.is_empty() {
+        println!("no cron schedules: add a [cron.<name>] section (see docs/configuration.md)");
+        return Ok(());
+    }
+    // The last fires come from the database; without it the next fires still show.
+    let last: std::collections::HashMap<String, String> = match Store::connect(&config.database)
+        .await
+    {
+        Ok(store) => match store.cron_last_fires().await {
+            Ok(rows) => rows
+                .into_iter()
+                .map(|(n, at)| (n, at.format("%Y-%m-%d %H:%M:%SZ").to_string()))
+                .collect(),
+            Err(e) => {
+                eprintln!("last fires unknown ({e}); run `jobwarden migrate` if the schema is new");
+                Default::default()
+            }
+        },
+        Err(e) => {
+            eprintln!("last fires unknown: {e}");
+            Default::default()
+        }
+    };
+    let now = chrono::Utc::now();
+    println!(
+        "{:<20} {:<18} {:<16} {:<12} {:<9} {:<21} next fires (UTC)",
+        "schedule", "expression", "timezone", "queue", "missed", "last fire"
+    );
+    for (name, c) in &config.cron {
+        let s = jobwarden::cron::Schedule::new(name, c).map_err(|e| anyhow!(e.join("; ")))?;
+        let fires: Vec<String> = s
+            .next_fires(now, next)
+            .iter()
+            .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+            .collect();
+        let missed = match c.missed {
+            jobwarden::cron::Missed::Skip => "skip",
+            jobwarden::cron::Missed::RunOnce => "run_once",
+        };
+        println!(
+            "{:<20} {:<18} {:<16} {:<12} {:<9} {:<21} {}",
+            name,
+            c.schedule,
+            c.timezone,
+            c.queue,
+            missed,
+            last.get(name).map(String::as_str).unwrap_or("never"),
+            fires.join(", ")
+        );
+    }
+    Ok(())
 }

@@ -5,10 +5,10 @@
 //!   reconciliation;
 //! - gone: it never comes back and another worker takes over — the heartbeat reaper.
 
-use crate::broker::Broker;
-use crate::config::{Config, HandlerConfig, QueueConfig};
-use crate::store::Store;
 use anyhow::{Context, Result};
+use jobwarden::broker::Broker;
+use jobwarden::config::{Config, HandlerConfig, QueueConfig};
+use jobwarden::store::Store;
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -66,7 +66,9 @@ async fn scenario_run(
     store.migrate().await?;
     let broker = Broker::connect(&config.nats).await?;
     broker.provision_stream().await?;
-    broker.provision_consumer("r").await?;
+    broker
+        .provision_consumer(&jobwarden::broker::Lane::bare("r"))
+        .await?;
     let path = std::env::temp_dir().join(format!("{name}.toml"));
     std::fs::write(&path, config.to_redacted_toml())?;
     let spawn = |host: &str| -> Result<Child> {

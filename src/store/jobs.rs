@@ -1,0 +1,211 @@
+//! The hot path: claim a batch of delivered messages, record progress, settle finished
+//! attempts. One statement per batch, every write after the claim fenced by owner and lease.
+
+use super::{Claim, ClaimAnswer, ClaimInput, Result, SettleInput, Store, StoreError};
+use crate::job::JobStatus;
+use serde_json::Value;
+use std::time::Duration;
+use tokio_postgres::types::ToSql;
+
+pub(super) fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// A batch of new jobs as one array per column, the shape `job_claim`, `job_adopt` and
+/// `job_dead_unserved` take. Borrows the batch: payloads are not copied.
+pub(super) struct Columns<'a> {
+    ids: Vec<&'a str>,
+    queues: Vec<&'a str>,
+    payloads: Vec<&'a Value>,
+    priorities: Vec<i16>,
+    max_attempts: Vec<i32>,
+    timeouts: Vec<Option<i32>>,
+    keys: Vec<Option<&'a str>>,
+    run_ats: Vec<Option<i64>>,
+    backoffs: Vec<Option<Value>>,
+    traces: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    pub(super) fn of(batch: &'a [ClaimInput]) -> Columns<'a> {
+        let n = batch.len();
+        let mut c = Columns {
+            ids: Vec::with_capacity(n),
+            queues: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            priorities: Vec::with_capacity(n),
+            max_attempts: Vec::with_capacity(n),
+            timeouts: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            run_ats: Vec::with_capacity(n),
+            backoffs: Vec::with_capacity(n),
+            traces: Vec::with_capacity(n),
+        };
+        for i in batch {
+            let j = &i.job;
+            c.ids.push(&j.id);
+            c.queues.push(&j.queue);
+            c.payloads.push(&j.payload);
+            c.priorities.push(j.priority);
+            c.max_attempts.push(i.max_attempts);
+            c.timeouts.push(j.timeout_ms());
+            c.keys.push(j.idempotency_key.as_deref());
+            c.run_ats.push(j.run_at_ms);
+            c.backoffs.push(j.backoff_json());
+            c.traces.push(i.traceparent.as_deref());
+        }
+        c
+    }
+
+    /// The ten arrays, in the order the statements number them.
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.ids,
+            &self.queues,
+            &self.payloads,
+            &self.priorities,
+            &self.max_attempts,
+            &self.timeouts,
+            &self.keys,
+            &self.run_ats,
+            &self.backoffs,
+            &self.traces,
+        ]
+    }
+}
+
+impl Store {
+    /// Claims a batch of delivered jobs in one statement, as `worker_id`, with the stale
+    /// deadline `stale_after` (the queue's, as this worker declares it). Ids must be distinct.
+    /// Answers come back in input order.
+    pub async fn job_claim(
+        &self,
+        worker_id: &str,
+        stale_after: Duration,
+        batch: &[ClaimInput],
+    ) -> Result<ClaimAnswer> {
+        let cols = Columns::of(batch);
+        let stale = ms(stale_after);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id, &stale];
+        params.extend(cols.params());
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(include_str!("sql/job_claim.sql"))
+            .await?;
+        let rows = client.query(&st, &params).await?;
+        let mut claims = vec![Claim::Duplicate; batch.len()];
+        let mut alive = true;
+        for r in rows {
+            let idx = r.get::<_, i64>(0) as usize - 1;
+            alive = r.get(1);
+            if !r.get::<_, bool>(2) {
+                continue; // no row: inserted concurrently elsewhere (or not alive)
+            }
+            let status = JobStatus::parse(r.get(3)).unwrap_or(JobStatus::Dead);
+            let payload: Option<Value> = r.get(8);
+            let fresh: bool = r.get(9);
+            let queue: String = r.get(10);
+            let conflict = !r.get::<_, Option<bool>>(13).unwrap_or(true);
+            claims[idx] = if queue != batch[idx].job.queue {
+                Claim::WrongQueue(queue)
+            } else if status == JobStatus::Processing && (fresh || payload.is_some()) {
+                Claim::Claimed {
+                    lease: r.get(6),
+                    attempt: r.get(4),
+                    max_attempts: r.get(5),
+                    timeout_ms: r.get(7),
+                    payload,
+                    backoff: r
+                        .get::<_, Option<Value>>(11)
+                        .and_then(|v| serde_json::from_value(v).ok()),
+                    traceparent: r.get(12),
+                    conflict,
+                }
+            } else {
+                Claim::NotClaimable { status, conflict }
+            };
+        }
+        Ok(ClaimAnswer { alive, claims })
+    }
+
+    /// Settles finished attempts in one statement; returns the ids whose fenced write took
+    /// effect. An id missing from the answer lost its ownership.
+    pub async fn job_settle(&self, worker_id: &str, batch: &[SettleInput]) -> Result<Vec<String>> {
+        let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
+        let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
+        let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
+        let delays: Vec<i64> = batch.iter().map(|s| ms(s.delay)).collect();
+        let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
+        let results: Vec<Option<&Value>> = batch.iter().map(|s| s.result.as_ref()).collect();
+        let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
+        let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(include_str!("sql/job_settle.sql"))
+            .await?;
+        let rows = client
+            .query(
+                &st,
+                &[
+                    &worker_id, &ids, &leases, &statuses, &delays, &errors, &results, &outcomes,
+                    &refunds,
+                ],
+            )
+            .await?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Which of these attempts (id, lease, status settled to) this worker settled already:
+    /// for a settle that was retried after its commit answer may have been lost.
+    pub async fn job_settled_check(
+        &self,
+        worker_id: &str,
+        batch: &[SettleInput],
+    ) -> Result<Vec<String>> {
+        let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
+        let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
+        let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(include_str!("sql/job_settled_check.sql"))
+            .await?;
+        let rows = client
+            .query(&st, &[&worker_id, &ids, &leases, &statuses])
+            .await?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Records a progress report (fenced) and moves the job's stale deadline to now +
+    /// `stale_after`. `LostOwnership` when the lease moved on.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn job_progress(
+        &self,
+        id: &str,
+        worker_id: &str,
+        lease: i64,
+        stale_after: Duration,
+        stage: Option<&str>,
+        progress: Option<f32>,
+        message: Option<&str>,
+    ) -> Result<()> {
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(include_str!("sql/job_progress.sql"))
+            .await?;
+        let stale = ms(stale_after);
+        let n = client
+            .execute(
+                &st,
+                &[&id, &worker_id, &lease, &stage, &progress, &message, &stale],
+            )
+            .await?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::LostOwnership {
+                job_id: id.to_string(),
+                lease,
+            })
+        }
+    }
+}

@@ -1,0 +1,30 @@
+-- Adopts messages a worker fetched and never claimed (it died, was paused, or stopped with
+-- pull requests still open): each becomes a row due now, so the scheduler republishes it at
+-- once instead of the message waiting out ack_wait. The ids are the ones the claim would
+-- derive, so a worker claiming the original message at the same moment finds the same row:
+-- one job either way. Rows that exist already are left alone.
+-- $1.. one array per column, as in job_claim.
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::int2[], $5::int4[], $6::int4[],
+                $7::text[], $8::int8[], $9::jsonb[], $10::text[])
+         AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
+              backoff, traceparent)
+),
+adopted AS (
+    INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
+                           backoff, traceparent, status, scheduled_at)
+    SELECT id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, backoff,
+           traceparent, 'scheduled',
+           GREATEST(now(), COALESCE(to_timestamp(run_at_ms / 1000.0), now()))
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING j.id, j.lease
+),
+history AS (
+    INSERT INTO job_attempts (job_id, lease, attempt, outcome, error)
+    SELECT id, lease, 0, 'adopted',
+           'delivered to a worker that stopped before claiming it; adopted from the stream'
+    FROM adopted
+)
+SELECT id FROM adopted

@@ -1,0 +1,249 @@
+//! The Reconciler keeps the stream and PostgreSQL in step for this worker's queues, in both
+//! directions:
+//!
+//! - **Adoption** (every `adopt_after`): a message delivered to a worker that stopped before
+//!   claiming it — killed, paused, or shut down with pull requests still open — has no row,
+//!   and JetStream would redeliver it only after `ack_wait` (10 minutes by default). The
+//!   adopter reads the messages the queue's consumer has delivered and not seen acked,
+//!   straight from the stream (the work-queue stream still holds every unacked message),
+//!   derives each one's job id exactly as the claim would, and adopts those that have had no
+//!   row for two rounds in a row as jobs due now; the scheduler publishes them at once. A
+//!   live worker claiming one of them at the same moment finds the same row: one job either
+//!   way (invariant 11). The original message, when JetStream redelivers it, finds its job.
+//! - **Broker-loss repair** (every `sweep_every`): a `queued` job whose message cannot be in
+//!   the stream any more — its publish was never confirmed, the consumer has delivered its
+//!   sequence already (a live fetcher would have claimed it), it was purged, or the stream
+//!   was created again since — is republished after `broker_lost_after`. Jobs whose message
+//!   still waits in a backlog are never touched, so this works under any load.
+
+use super::outage::Outage;
+use super::{Shared, Stats};
+use crate::broker::{Lane, StreamPosition};
+use crate::job::DEFAULT_PRIORITY;
+use crate::job::{self, MessageOrigin};
+use crate::store::ClaimInput;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// Most delivered messages read from the stream per queue and round.
+const ADOPT_SCAN: usize = 2000;
+/// Most jobs republished per queue and round.
+const REPAIR_LIMIT: i64 = 1000;
+
+pub(crate) struct Reconciler {
+    shared: Arc<Shared>,
+    /// Per queue: stream sequences seen delivered without a row in the last round.
+    rowless: HashMap<String, HashSet<u64>>,
+}
+
+impl Reconciler {
+    pub fn new(shared: Arc<Shared>) -> Reconciler {
+        Reconciler {
+            shared,
+            rowless: HashMap::new(),
+        }
+    }
+
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let w = self.shared.config.worker.clone();
+        let tick = w.adopt_after.min(w.sweep_every);
+        let mut outage = Outage::new("adoption and broker-loss repair");
+        let mut last_adopt = Instant::now();
+        let mut last_repair = Instant::now();
+        let mut wait = tick;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let mut round: Result<(), String> = Ok(());
+            if last_adopt.elapsed() >= w.adopt_after {
+                last_adopt = Instant::now();
+                round = self.adopt_once().await.map(|_| ());
+            }
+            if round.is_ok() && last_repair.elapsed() >= w.sweep_every {
+                last_repair = Instant::now();
+                round = self.repair_once().await.map(|_| ());
+            }
+            wait = match round {
+                Ok(()) => {
+                    outage.ok();
+                    tick
+                }
+                Err(e) => outage.failed(&e).max(tick),
+            };
+        }
+    }
+
+    /// One adoption round over this worker's queues; returns how many jobs were adopted.
+    pub async fn adopt_once(&mut self) -> Result<usize, String> {
+        let lanes = self.shared.lanes.clone();
+        let mut total = 0;
+        for lane in &lanes {
+            total += self.adopt_lane(lane).await?;
+        }
+        Ok(total)
+    }
+
+    async fn adopt_lane(&mut self, lane: &Lane) -> Result<usize, String> {
+        let shared = self.shared.clone();
+        let broker = &shared.broker;
+        let key = lane.consumer_name();
+        let pos = broker
+            .stream_position(lane)
+            .await
+            .map_err(|e| e.to_string())?;
+        if pos.ack_pending == 0 {
+            self.rowless.remove(&key);
+            return Ok(0);
+        }
+        let (candidates, seqs) = self.delivered_unacked(lane, &pos).await?;
+        if candidates.is_empty() {
+            self.rowless.remove(&key);
+            return Ok(0);
+        }
+        let queue = lane.queue.as_str();
+        let ids: Vec<&str> = candidates.iter().map(|c| c.job.id.as_str()).collect();
+        let existing: HashSet<String> = shared
+            .store
+            .jobs_existing(&ids)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .collect();
+        let seen_before = self.rowless.remove(&key).unwrap_or_default();
+        let mut now_rowless = HashSet::new();
+        let mut adopt = Vec::new();
+        for (c, seq) in candidates.into_iter().zip(seqs) {
+            if existing.contains(&c.job.id) {
+                continue;
+            }
+            if seen_before.contains(&seq) {
+                adopt.push(c);
+            } else {
+                now_rowless.insert(seq);
+            }
+        }
+        self.rowless.insert(key, now_rowless);
+        if adopt.is_empty() {
+            return Ok(0);
+        }
+        let adopted = match shared.store.job_adopt(&adopt).await {
+            Ok(ids) => ids,
+            // One message PostgreSQL cannot store must not hold back the others: one by one
+            // (that one is recorded as invalid when JetStream redelivers it).
+            Err(e) if e.rejected_data().is_some() => {
+                let mut ids = Vec::new();
+                for one in adopt.chunks(1) {
+                    match shared.store.job_adopt(one).await {
+                        Ok(mut got) => ids.append(&mut got),
+                        Err(e) if e.rejected_data().is_some() => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                ids
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        if !adopted.is_empty() {
+            Stats::add(&shared.stats.adopted, adopted.len() as u64);
+            warn!(%queue, jobs = adopted.len(), first = %adopted[0],
+                  "adopted messages a worker fetched but never claimed (it stopped); they run again now");
+        }
+        Ok(adopted.len())
+    }
+
+    /// The queue's delivered, unacked messages that decode to jobs, with their sequences.
+    /// (Messages that do not decode are recorded when JetStream redelivers them.)
+    async fn delivered_unacked(
+        &self,
+        lane: &Lane,
+        pos: &StreamPosition,
+    ) -> Result<(Vec<ClaimInput>, Vec<u64>), String> {
+        let shared = &self.shared;
+        let broker = &shared.broker;
+        let queue = lane.queue.as_str();
+        let policy = &shared.queues[queue];
+        let stream = broker.stream().await.map_err(|e| e.to_string())?;
+        let subject = broker.lane_subject(lane);
+        let stream_name = broker.stream_name().to_string();
+        let max_bytes = shared.config.worker.max_payload_bytes;
+        let (mut inputs, mut seqs) = (Vec::new(), Vec::new());
+        let mut from = pos.ack_floor + 1;
+        for _ in 0..ADOPT_SCAN {
+            if from > pos.delivered {
+                break;
+            }
+            let Some(m) = broker
+                .first_message(&stream, &subject, from)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
+                break;
+            };
+            if m.seq > pos.delivered {
+                break;
+            }
+            from = m.seq + 1;
+            let msg_id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_string());
+            let origin = MessageOrigin {
+                queue,
+                stream: &stream_name,
+                stream_seq: m.seq,
+                stored_ns: m.stored_ns,
+                msg_id: msg_id.as_deref(),
+            };
+            if let Ok(mut job) = job::decode(&m.payload, &origin, max_bytes) {
+                if let Some(p) = lane.band {
+                    job.priority = i16::from(p);
+                }
+                let max_attempts = job.max_attempts.unwrap_or(policy.max_attempts as i32);
+                inputs.push(ClaimInput {
+                    job,
+                    max_attempts,
+                    traceparent: m.headers.get("traceparent").map(|v| v.as_str().to_string()),
+                });
+                seqs.push(m.seq);
+            }
+        }
+        Ok((inputs, seqs))
+    }
+
+    /// One broker-loss repair round over this worker's queues; returns how many jobs were
+    /// republished.
+    pub async fn repair_once(&self) -> Result<usize, String> {
+        let shared = &self.shared;
+        let deadline: Duration = shared.config.worker.broker_lost_after;
+        let mut total = 0;
+        for lane in shared.lanes.iter() {
+            // Jobs are published to the lane of their priority: band 5 carries none (the
+            // default priority goes to the bare subject).
+            if lane.band.is_some() && lane.priority() == DEFAULT_PRIORITY {
+                continue;
+            }
+            let pos = shared
+                .broker
+                .stream_position(lane)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ids = shared
+                .store
+                .job_requeue_lost(&lane.queue, lane.priority(), deadline, REPAIR_LIMIT, &pos)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !ids.is_empty() {
+                warn!(%lane, jobs = ids.len(), first = %ids[0],
+                      "queued jobs whose message is no longer in the stream: republishing (broker_lost)");
+            }
+            total += ids.len();
+        }
+        Stats::add(&shared.stats.republished_broker_lost, total as u64);
+        Ok(total)
+    }
+}

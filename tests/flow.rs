@@ -1,0 +1,864 @@
+//! Flow control against real servers: priorities (bands as subjects, strict, with the
+//! `fair_every` share for lower bands).
+
+mod common;
+
+use common::{wait_for, TestEnv};
+use jobwarden::client::{Client, EnqueueOptions};
+use jobwarden::handler::from_fn;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn rust_queue(name: &str, extra: &str) -> String {
+    format!("[queues.{name}]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n{extra}")
+}
+
+/// Start times of every job, in order, with its id and priority; each job runs `ms`
+/// milliseconds.
+type Starts = Arc<Mutex<Vec<(Instant, String, i16)>>>;
+
+fn timed(ms: u64) -> (Arc<dyn jobwarden::Handler>, Starts) {
+    let starts: Starts = Arc::default();
+    let s = starts.clone();
+    let h = from_fn(move |job| {
+        let s = s.clone();
+        async move {
+            let priority = job.payload["p"].as_i64().unwrap_or(-1) as i16;
+            s.lock()
+                .unwrap()
+                .push((Instant::now(), job.id.clone(), priority));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(None)
+        }
+    });
+    (h, starts)
+}
+
+/// Publishes `n` plain messages `{"p": priority}` to `subject`, acks awaited 500 at a time.
+async fn publish_many(env: &TestEnv, subject: &str, n: usize, p: i16) {
+    let body = json!({ "p": p }).to_string();
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(500);
+        let mut acks = Vec::with_capacity(k);
+        for _ in 0..k {
+            acks.push(
+                env.broker
+                    .js
+                    .publish(subject.to_string(), body.clone().into())
+                    .await
+                    .expect("publish"),
+            );
+        }
+        for a in acks {
+            a.await.expect("publish ack");
+        }
+        left -= k;
+    }
+}
+
+#[tokio::test]
+async fn a_priority_0_job_behind_10000_priority_8_jobs_starts_at_the_next_free_slot() {
+    let env = TestEnv::new(&rust_queue("work", "concurrency = 4\n")).await;
+    publish_many(&env, "jobs.work.8", 10_000, 8).await;
+    let (h, starts) = timed(40);
+    let w = env.worker(&[("h", h)]).await;
+    // The backlog is flowing.
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            starts.lock().unwrap().len() >= 40
+        })
+        .await
+    );
+    // Enqueued through the client with priority 0: it picks the band's subject.
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    let published = Instant::now();
+    client
+        .enqueue(
+            "work",
+            json!({"p": 0}),
+            EnqueueOptions {
+                id: Some("urgent".into()),
+                priority: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            starts.lock().unwrap().iter().any(|s| s.1 == "urgent")
+        })
+        .await,
+        "the priority-0 job never started"
+    );
+    let starts = starts.lock().unwrap().clone();
+    let urgent = starts.iter().find(|s| s.1 == "urgent").unwrap().0;
+    let waited = urgent - published;
+    // Jobs of band 8 that started after the urgent one was published and before it: only
+    // those whose slots were already promised (one pull's worth at most).
+    let overtaken = starts
+        .iter()
+        .filter(|s| s.2 == 8 && s.0 > published && s.0 < urgent)
+        .count();
+    println!("priority 0 started {waited:?} after its publish; {overtaken} band-8 jobs started in between");
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+    assert!(overtaken <= 4, "{overtaken} band-8 jobs started before it");
+    let job = env.store.job_get("urgent").await.unwrap().unwrap();
+    assert_eq!(job.priority, 0);
+    // Rows of the band-8 messages carry the band's priority.
+    let c = env.store.raw().await.unwrap();
+    let p8: i64 = c
+        .query_one(
+            "SELECT count(*) FROM jobs WHERE priority = 8 AND status <> 'queued'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(p8 >= 40);
+    w.shutdown().await;
+}
+
+/// Runs `n0` priority-0 jobs, and `n9` priority-9 ones published while the priority-0
+/// backlog runs, one at a time; returns the priorities in the order they started.
+async fn run_two_bands(extra: &str, n0: usize, n9: usize) -> Vec<i16> {
+    let env = TestEnv::new(&rust_queue("work", &format!("concurrency = 1\n{extra}"))).await;
+    let (h, starts) = timed(1);
+    let w = env.worker(&[("h", h)]).await;
+    // An idle worker: every lane has been found empty and is watched by a doorbell.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    publish_many(&env, "jobs.work.0", n0, 0).await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            starts.lock().unwrap().len() >= 5
+        })
+        .await
+    );
+    // Band 9's doorbell brings its first message while band 0 has a backlog: it must not
+    // jump the queue.
+    publish_many(&env, "jobs.work.9", n9, 9).await;
+    assert!(env.wait_count("completed", (n0 + n9) as i64, 60).await);
+    w.shutdown().await;
+    let order: Vec<i16> = starts.lock().unwrap().iter().map(|s| s.2).collect();
+    order
+}
+
+#[tokio::test]
+async fn priorities_are_strict_unless_fair_every_gives_lower_bands_a_share() {
+    // Strict (the default): every priority-0 job starts before any priority-9 one.
+    let order = run_two_bands("", 200, 10).await;
+    let last0 = order.iter().rposition(|p| *p == 0).unwrap();
+    let first9 = order.iter().position(|p| *p == 9).unwrap();
+    assert!(
+        last0 < first9,
+        "a priority-9 job ran before the priority-0 backlog was done: {order:?}"
+    );
+    // fair_every = 4: band 9 gets pulls while band 0 still has a backlog.
+    let order = run_two_bands("fair_every = 4\n", 200, 10).await;
+    let last0 = order.iter().rposition(|p| *p == 0).unwrap();
+    let early9 = order[..last0].iter().filter(|p| **p == 9).count();
+    assert!(
+        early9 >= 3,
+        "band 9 starved behind band 0 with fair_every = 4: {order:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_plain_message_on_a_band_subject_gets_the_bands_priority() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    let (h, _starts) = timed(1);
+    let w = env.worker(&[("h", h)]).await;
+    env.broker
+        .js
+        .publish("jobs.work.3", r#"{"id":"banded","payload":{}}"#.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    env.publish_raw("work", r#"{"id":"bare","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("banded", "completed", 10).await);
+    assert!(env.wait_status("bare", "completed", 10).await);
+    assert_eq!(
+        env.store.job_get("banded").await.unwrap().unwrap().priority,
+        3
+    );
+    assert_eq!(
+        env.store.job_get("bare").await.unwrap().unwrap().priority,
+        5
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_enqueues_with_one_key_make_one_job_and_another_payload_is_a_conflict() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    let key_opts = || EnqueueOptions {
+        idempotency_key: Some("order-42".into()),
+        ..Default::default()
+    };
+    let tries = (0..50).map(|_| {
+        let client = client.clone();
+        let opts = key_opts();
+        async move { client.enqueue("work", json!({"order": 42}), opts).await }
+    });
+    let results = futures::future::join_all(tries).await;
+    let ids: std::collections::HashSet<String> = results
+        .into_iter()
+        .map(|r| r.expect("same key, same payload: the existing job").id)
+        .collect();
+    assert_eq!(ids.len(), 1, "one key made {} jobs", ids.len());
+    let c = env.store.raw().await.unwrap();
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    // The same key for another payload is another job: a clear error, nothing stored.
+    let err = client
+        .enqueue("work", json!({"order": 43}), key_opts())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, jobwarden::client::ClientError::Conflict(_)),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"order-42\"") && text.contains("another payload"),
+        "{text}"
+    );
+    // The same id for another payload too.
+    let id = ids.into_iter().next().unwrap();
+    let err = env
+        .enqueue_id("work", &id, json!({"order": 44}))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(&format!("job id {id:?}")), "{err}");
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    // The CLI says so too, and fails.
+    let out = env.cli(&[
+        "enqueue",
+        "work",
+        r#"{"order": 45}"#,
+        "--idempotency-key",
+        "order-42",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        common::text(&out).contains("another payload"),
+        "{}",
+        common::text(&out)
+    );
+}
+
+#[tokio::test]
+async fn delayed_jobs_start_within_a_second_of_due_also_from_plain_nats_publishers() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    let (h, starts) = timed(1);
+    let w = env.worker(&[("h", h)]).await;
+    let delay = Duration::from_secs(2);
+    // A plain NATS publisher with run_at_ms in the envelope.
+    let due_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + delay.as_millis() as i64;
+    let t0 = Instant::now();
+    env.publish_raw(
+        "work",
+        json!({"id": "nats-delayed", "payload": {"p": 5}, "run_at_ms": due_ms}).to_string(),
+    )
+    .await;
+    // The client with a delay.
+    Client::new(env.store.clone(), env.broker.clone())
+        .enqueue(
+            "work",
+            json!({"p": 5}),
+            EnqueueOptions {
+                id: Some("client-delayed".into()),
+                delay: Some(delay),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(env.wait_status("nats-delayed", "completed", 10).await);
+    assert!(env.wait_status("client-delayed", "completed", 10).await);
+    for (at, id, _) in starts.lock().unwrap().iter() {
+        let after = *at - t0;
+        println!("{id} started {after:?} after publish (due after {delay:?})");
+        assert!(
+            after >= delay - Duration::from_millis(50),
+            "{id} started early: {after:?}"
+        );
+        assert!(
+            after <= delay + Duration::from_secs(1),
+            "{id} started {after:?} after publish, more than 1 s past due"
+        );
+    }
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn jobs_show_says_what_a_job_waits_for() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    let enqueue = |id: &str, priority: i16, delay: Option<Duration>| {
+        let client = client.clone();
+        let id = id.to_string();
+        async move {
+            client
+                .enqueue(
+                    "work",
+                    json!({}),
+                    EnqueueOptions {
+                        id: Some(id),
+                        priority: Some(priority),
+                        delay,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    };
+    for i in 0..3 {
+        enqueue(&format!("urgent-{i}"), 0, None).await;
+    }
+    enqueue("normal", 5, None).await;
+    enqueue("later", 5, Some(Duration::from_secs(3600))).await;
+    // No worker runs: everything waits.
+    let show = |id: &str| common::text(&env.cli(&["jobs", "show", id]));
+    let normal = show("normal");
+    assert!(
+        normal
+            .contains("waiting for:   waits for a slot behind 3 queued job(s) of higher priority"),
+        "{normal}"
+    );
+    assert!(normal.contains("no worker is running"), "{normal}");
+    let later = show("later");
+    assert!(
+        later.contains("waits for its run_at: due in 59m"),
+        "{later}"
+    );
+    let first = show("urgent-0");
+    assert!(first.contains("next in line"), "{first}");
+}
+
+/// Calls the schema's SQL `enqueue(<args>)` as any application would: the job's id, or
+/// PostgreSQL's message.
+async fn sql_enqueue(
+    db: &impl tokio_postgres::GenericClient,
+    schema: &str,
+    args: &str,
+) -> Result<String, String> {
+    db.query_one(&format!("SELECT \"{schema}\".enqueue({args})"), &[])
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| {
+            e.as_db_error()
+                .expect("a database error")
+                .message()
+                .to_string()
+        })
+}
+
+/// A business table in the test's schema, for the outbox tests.
+async fn orders_table(env: &TestEnv) -> tokio_postgres::Client {
+    let mut cfg: tokio_postgres::Config = common::test_database_url().parse().unwrap();
+    cfg.options(format!("-c search_path={}", env.config.database.schema));
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        .await
+        .unwrap();
+    client
+}
+
+#[tokio::test]
+async fn outbox_a_rolled_back_enqueue_never_runs_and_a_committed_one_runs_at_once() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    let (h, starts) = timed(1);
+    let w = env.worker(&[("h", h)]).await;
+    let mut db = orders_table(&env).await;
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    // Rolled back: the order and its job never existed.
+    let tx = db.transaction().await.unwrap();
+    tx.execute("INSERT INTO orders VALUES (1)", &[])
+        .await
+        .unwrap();
+    let gone = client
+        .enqueue_in(&tx, "work", json!({"order": 1}), EnqueueOptions::default())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    // Committed, through the SQL function any language can call.
+    let tx = db.transaction().await.unwrap();
+    tx.execute("INSERT INTO orders VALUES (2)", &[])
+        .await
+        .unwrap();
+    let schema = &env.config.database.schema;
+    let order2 = r#"'work', '{"order": 2}'::jsonb, idempotency_key => 'order-2'"#;
+    let kept = sql_enqueue(&tx, schema, order2).await.unwrap();
+    // Not visible to workers before the commit.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        starts.lock().unwrap().is_empty(),
+        "a job ran before its transaction committed"
+    );
+    let committed = Instant::now();
+    tx.commit().await.unwrap();
+    assert!(env.wait_status(&kept, "completed", 10).await);
+    let started = starts.lock().unwrap()[0].0;
+    println!("outbox: commit to handler start {:?}", started - committed);
+    assert!(started - committed < Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        env.status_of(&gone).await,
+        None,
+        "the rolled-back job exists"
+    );
+    let ids: Vec<String> = starts.lock().unwrap().iter().map(|s| s.1.clone()).collect();
+    assert_eq!(ids, vec![kept.clone()]);
+    // The same key and payload return the same job; another payload is a clear error.
+    assert_eq!(sql_enqueue(&db, schema, order2).await.unwrap(), kept);
+    let msg = sql_enqueue(
+        &db,
+        schema,
+        r#"'work', '{"order": 3}'::jsonb, idempotency_key => 'order-2'"#,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        msg.contains("'order-2'") && msg.contains(&kept) && msg.contains("another payload"),
+        "{msg}"
+    );
+    let err = client
+        .enqueue_in(
+            &db,
+            "work",
+            json!({"order": 3}),
+            EnqueueOptions {
+                idempotency_key: Some("order-2".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, jobwarden::client::ClientError::Conflict(_)),
+        "{err}"
+    );
+    // Bad input names the field and the right form.
+    let msg = sql_enqueue(&db, schema, "'work', '{}'::jsonb, priority => 12")
+        .await
+        .unwrap_err();
+    assert!(msg.contains("priority 12 must be from 0"), "{msg}");
+    let msg = sql_enqueue(&db, schema, "'work', '[1]'::jsonb")
+        .await
+        .unwrap_err();
+    assert!(msg.contains("payload must be a JSON object"), "{msg}");
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn outbox_a_relay_killed_between_commit_and_publish_loses_nothing() {
+    let mut env = TestEnv::new(&rust_queue("work", "")).await;
+    // The relay: a worker process (any worker's scheduler publishes every due job).
+    let mut relay_cfg = env.config.clone();
+    relay_cfg.queues.clear();
+    relay_cfg.queues.insert(
+        "other".into(),
+        jobwarden::config::Config::from_toml(
+            "[queues.other]\nhandler = { kind = \"exec\", command = [\"true\"] }\n",
+        )
+        .unwrap()
+        .queues["other"]
+            .clone(),
+    );
+    relay_cfg.worker.scheduler_every = Duration::from_millis(100);
+    let mut relay = common::ChildWorker::spawn(&relay_cfg, "relay");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // NATS goes away: the relay cannot publish what commits now.
+    env.nats.kill();
+    let db = orders_table(&env).await;
+    let schema = env.config.database.schema.clone();
+    let id = sql_enqueue(&db, &schema, r#"'work', '{"order": 7}'::jsonb"#)
+        .await
+        .unwrap();
+    // The relay tries, fails, and is killed before it could publish.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relay.kill9();
+    assert_eq!(env.status_of(&id).await.as_deref(), Some("scheduled"));
+    env.nats.restart().unwrap();
+    // Another worker (a relay too) publishes and runs it, once.
+    let (h, starts) = timed(1);
+    let w = env.worker(&[("h", h)]).await;
+    assert!(env.wait_status(&id, "completed", 20).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let runs: Vec<String> = starts.lock().unwrap().iter().map(|s| s.1.clone()).collect();
+    assert_eq!(runs, vec![id]);
+    w.shutdown().await;
+}
+
+/// Intervals of every run (in-process handlers): start and end.
+type Runs = Arc<Mutex<Vec<(Instant, Instant)>>>;
+
+fn interval_recorder(ms: u64) -> (Arc<dyn jobwarden::Handler>, Runs) {
+    let runs: Runs = Arc::default();
+    let r = runs.clone();
+    let h = from_fn(move |_job| {
+        let r = r.clone();
+        async move {
+            let start = Instant::now();
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            r.lock().unwrap().push((start, Instant::now()));
+            Ok(None)
+        }
+    });
+    (h, runs)
+}
+
+/// The most intervals that overlap at any moment.
+fn max_overlap(runs: &[(Instant, Instant)]) -> usize {
+    let mut edges: Vec<(Instant, i32)> =
+        runs.iter().flat_map(|(s, e)| [(*s, 1), (*e, -1)]).collect();
+    // Ends before starts at the same instant.
+    edges.sort_by_key(|(t, d)| (*t, *d));
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+#[tokio::test]
+async fn a_cluster_wide_cap_of_3_holds_across_3_workers_with_5_slots_each() {
+    let env = TestEnv::new(&rust_queue(
+        "work",
+        "concurrency = 5\nglobal_concurrency = 3\n",
+    ))
+    .await;
+    let (h, runs) = interval_recorder(200);
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        workers.push(env.worker(&[("h", h.clone())]).await);
+    }
+    publish_many(&env, "jobs.work", 30, 5).await;
+    let t0 = Instant::now();
+    assert!(env.wait_count("completed", 30, 60).await);
+    let took = t0.elapsed();
+    let runs = runs.lock().unwrap().clone();
+    let most = max_overlap(&runs);
+    println!("cap 3: 30 jobs of 200 ms in {took:?}, at most {most} running at once");
+    assert!(most <= 3, "{most} jobs ran at once under a cap of 3");
+    assert_eq!(
+        most, 3,
+        "the cap was never reached (the test proves nothing)"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// Starts (from `job_attempts`, the claim's database time) in the busiest window of `w`.
+async fn busiest_window(env: &TestEnv, w: Duration) -> (i64, Vec<f64>) {
+    let c = env.store.raw().await.unwrap();
+    let starts: Vec<f64> = c
+        .query(
+            "SELECT extract(epoch FROM started_at)::float8 FROM job_attempts \
+             WHERE outcome = 'completed' ORDER BY started_at",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let w = w.as_secs_f64();
+    let most = (0..starts.len())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|s| **s < starts[i] + w)
+                .count() as i64
+        })
+        .max()
+        .unwrap_or(0);
+    (most, starts)
+}
+
+async fn rate_limited_run(limit: &str, window: Duration, n: usize, max_total: Duration) {
+    let app = common::RecordingApp::start().await;
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nconcurrency = 10\nrate_limit = \"{limit}\"\n\
+         handler = {{ kind = \"http\", url = \"{}\" }}\n",
+        app.url
+    ))
+    .await;
+    let mut pods: Vec<common::ChildWorker> = (0..3)
+        .map(|i| common::ChildWorker::spawn(&env.config, &format!("pod-{i}")))
+        .collect();
+    publish_many(&env, "jobs.work", n, 5).await;
+    let t0 = Instant::now();
+    let all = env
+        .wait_count("completed", n as i64, max_total.as_secs() + 30)
+        .await;
+    let took = t0.elapsed();
+    let (most, starts) = busiest_window(&env, window).await;
+    let limit_n: i64 = limit.split('/').next().unwrap().parse().unwrap();
+    println!(
+        "rate {limit}: {} of {n} jobs in {took:?} over 3 worker processes; busiest {window:?} window: {most} starts",
+        starts.len()
+    );
+    for p in pods.iter_mut() {
+        p.kill9();
+    }
+    assert!(all, "only {} of {n} jobs completed", starts.len());
+    assert!(
+        most <= limit_n,
+        "{most} starts in one {window:?} window, over {limit}"
+    );
+    assert!(
+        most >= limit_n - 2,
+        "the limit was never approached ({most})"
+    );
+    assert!(took <= max_total, "{n} jobs took {took:?}");
+}
+
+#[tokio::test]
+async fn a_rate_limit_holds_across_3_worker_processes_in_every_window() {
+    // 20 per 10 s, 200 jobs: about 100 s, never more than 20 starts in any 10 s.
+    rate_limited_run(
+        "20/10s",
+        Duration::from_secs(10),
+        200,
+        Duration::from_secs(110),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn jobs_show_names_the_cluster_wide_cap_a_job_waits_for() {
+    let env = TestEnv::new(&rust_queue("work", "global_concurrency = 1\n")).await;
+    let (h, runs) = interval_recorder(3000);
+    let w = env.worker(&[("h", h)]).await;
+    for id in ["first", "second"] {
+        env.enqueue_id("work", id, json!({})).await.unwrap();
+    }
+    assert!(env.wait_status("first", "processing", 10).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(env.status_of("second").await.as_deref(), Some("queued"));
+    let out = common::text(&env.cli(&["jobs", "show", "second"]));
+    assert!(
+        out.contains("waits for the queue's cluster-wide cap: 1 of 1 running"),
+        "{out}"
+    );
+    assert!(env.wait_status("second", "completed", 15).await);
+    assert_eq!(max_overlap(&runs.lock().unwrap()), 1);
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_payments_example_charges_each_order_once_and_a_rollback_leaves_nothing() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    // target/<profile>/deps/flow-… → target/<profile>/examples/payments
+    let exe = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|d| d.parent())
+        .unwrap()
+        .join("examples/payments");
+    assert!(
+        exe.exists(),
+        "{} is missing: build it first with `cargo build --examples` (scripts/test.sh does)",
+        exe.display()
+    );
+    let out = tokio::process::Command::new(&exe)
+        .arg("--self-test")
+        .env("JOBWARDEN_DATABASE__URL", common::test_database_url())
+        .env("JOBWARDEN_DATABASE__SCHEMA", &env.config.database.schema)
+        .env("JOBWARDEN_NATS__URL", env.nats.url())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), out)
+        .await
+        .expect("the example did not finish within 90 s")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("self-test: 20 orders accepted, 20 paid, 20 charged (20 charges in all, 20 orders stored"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_cron_fire_every_2_s_is_enqueued_once_across_3_workers_with_one_killed_mid_run() {
+    let app = common::RecordingApp::start().await;
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nhandler = {{ kind = \"http\", url = \"{}\" }}\n\
+         [cron.tick]\nschedule = \"*/2 * * * * *\"\nqueue = \"work\"\npayload = {{ kind = \"tick\" }}\n",
+        app.url
+    ))
+    .await;
+    let mut pods: Vec<common::ChildWorker> = (0..3)
+        .map(|i| common::ChildWorker::spawn(&env.config, &format!("cron-{i}")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // One of them (whichever was ticking) dies mid-run.
+    pods[0].kill9();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    // What was enqueued by now runs out on the survivors.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for p in pods.iter_mut().skip(1) {
+        p.kill9();
+    }
+    let c = env.store.raw().await.unwrap();
+    let rows = c
+        .query(
+            "SELECT id, (extract(epoch FROM scheduled_at))::float8, payload, status FROM jobs \
+             WHERE id LIKE 'cron:tick:%' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    // The fire time is in the id (the job is due when the tick enqueued it, a moment later).
+    let fires: Vec<f64> = rows
+        .iter()
+        .map(|r| {
+            let id: String = r.get(0);
+            chrono::DateTime::parse_from_rfc3339(id.trim_start_matches("cron:tick:"))
+                .unwrap()
+                .timestamp() as f64
+        })
+        .collect();
+    println!(
+        "cron: {} fires enqueued: {:?}",
+        fires.len(),
+        rows.iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+    );
+    assert!(fires.len() >= 5, "only {} fires in about 14 s", fires.len());
+    for pair in fires.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            (gap - 2.0).abs() < 0.01,
+            "fires {pair:?} are {gap} s apart: one was missed or doubled"
+        );
+    }
+    for (r, fire) in rows.iter().zip(&fires) {
+        assert_eq!(r.get::<_, Value>(2), json!({"kind": "tick"}));
+        assert_eq!(fire % 2.0, 0.0, "fire off the schedule");
+        // Enqueued at the next tick (every 500 ms); a loaded machine and a worker killed
+        // while it held the schedule's row add a moment.
+        let late = r.get::<_, f64>(1) - fire;
+        assert!((0.0..3.0).contains(&late), "fire enqueued {late} s late");
+    }
+    // Every fire but the newest ones has run.
+    let completed = rows
+        .iter()
+        .filter(|r| r.get::<_, String>(3) == "completed")
+        .count();
+    assert!(
+        completed >= fires.len() - 2,
+        "{completed} of {} fires ran",
+        fires.len()
+    );
+    // `jobwarden cron list` shows the schedule, its last fire and the next ones.
+    let path = std::env::temp_dir().join(format!("jobwarden-cron-{}.toml", std::process::id()));
+    std::fs::write(&path, env.config.to_redacted_toml()).unwrap();
+    let out = common::text(&env.cli(&["--config", path.to_str().unwrap(), "cron", "list"]));
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.contains("tick") && out.contains("*/2 * * * * *"),
+        "{out}"
+    );
+    let last = rows.last().unwrap().get::<_, String>(0);
+    let last_time = last.trim_start_matches("cron:tick:").replace('T', " ");
+    assert!(out.contains(last_time.trim_end_matches('Z')), "{out}");
+}
+
+#[tokio::test]
+async fn after_downtime_missed_cron_fires_are_skipped_or_run_once() {
+    let env = TestEnv::new(&format!(
+        "{}[cron.catchup]\nschedule = \"*/10 * * * * *\"\nqueue = \"work\"\nmissed = \"run_once\"\n\
+         [cron.skipper]\nschedule = \"*/10 * * * * *\"\nqueue = \"work\"\nmissed = \"skip\"\n",
+        rust_queue("work", "")
+    ))
+    .await;
+    // Both last fired 5 minutes ago; every worker was down since.
+    let c = env.store.raw().await.unwrap();
+    c.execute(
+        "INSERT INTO cron_state (name, last_fire_at) VALUES \
+         ('catchup', now() - interval '5 minutes'), ('skipper', now() - interval '5 minutes')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let started = chrono::Utc::now();
+    let (h, _starts) = timed(1);
+    let w = env.worker(&[("h", h)]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let fires = |name: &str| {
+        let c = &c;
+        let name = name.to_string();
+        async move {
+            let rows = c
+                .query(
+                    "SELECT id FROM jobs WHERE id LIKE 'cron:' || $1 || ':%' ORDER BY id",
+                    &[&name],
+                )
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|r| {
+                    let id: String = r.get(0);
+                    chrono::DateTime::parse_from_rfc3339(
+                        id.trim_start_matches(&format!("cron:{name}:")),
+                    )
+                    .unwrap()
+                    .with_timezone(&chrono::Utc)
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let missed_before = started - chrono::Duration::seconds(31);
+    let catchup = fires("catchup").await;
+    let skipper = fires("skipper").await;
+    println!("run_once: {catchup:?}\nskip: {skipper:?}");
+    assert_eq!(
+        catchup.iter().filter(|t| **t < missed_before).count(),
+        1,
+        "run_once: the 27 missed fires should make one job"
+    );
+    assert_eq!(
+        skipper.iter().filter(|t| **t < missed_before).count(),
+        0,
+        "skip: missed fires should make no job"
+    );
+    // Fires on time (the last 30 s) run under both policies.
+    let on_time =
+        |v: &Vec<chrono::DateTime<chrono::Utc>>| v.iter().filter(|t| **t >= missed_before).count();
+    assert!(on_time(&catchup) >= 2 && on_time(&catchup) == on_time(&skipper));
+    w.shutdown().await;
+}
