@@ -555,13 +555,76 @@ async fn postgres_and_nats_restarts_lose_nothing() {
         .filter(|id| !runs.contains_key(*id))
         .take(5)
         .collect();
-    assert!(
-        all_done,
-        "not all {n} submitted jobs completed; never ran: {missing:?}"
-    );
+    if !all_done {
+        let c = env.store.raw().await.unwrap();
+        let rows = c
+            .query(
+                "SELECT status, count(*), min(id), max(updated_at)::text FROM jobs GROUP BY status",
+                &[],
+            )
+            .await
+            .unwrap();
+        let by_status: Vec<(String, i64, String, String)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        let backlog = env.consumer_backlog("work").await;
+        panic!(
+            "not all {n} submitted jobs completed; never ran: {missing:?}; \
+             jobs by status {by_status:?}; consumer (pending, ack_pending) {backlog:?}"
+        );
+    }
     println!(
         "server restarts: {n} jobs submitted, all completed; {} ran more than once",
         runs.values().filter(|&&c| c > 1).count()
+    );
+    worker.shutdown().await;
+}
+
+/// A pull request the server never answers (it hung, then restarted and forgot it) must not
+/// stall the queue: the worker gives up on it and pulls again.
+#[tokio::test]
+async fn a_nats_server_that_hangs_then_restarts_stalls_no_queue() {
+    let mut env = TestEnv::new(
+        "heartbeat_every = \"1s\"\n\
+         [queues.work]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let h = from_fn(move |_job| {
+        let r = r.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let n: i64 = 400;
+    for i in 0..n {
+        env.enqueue_id("work", &format!("hang-{i}"), json!({}))
+            .await
+            .unwrap();
+    }
+    let worker = env.worker(&[("h", h)]).await;
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            runs.load(Ordering::SeqCst) >= 20
+        })
+        .await,
+        "the worker never got going"
+    );
+    // The queue has a backlog, so pulls are always out: the ones sent while the server is
+    // stopped reach its socket and die with it.
+    env.nats.pause().unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    env.nats.restart().unwrap();
+    let completed = env.wait_count("completed", n, 45).await;
+    assert!(
+        completed,
+        "only {} of {n} jobs completed after the server came back; {} handler runs",
+        env.count("completed").await,
+        runs.load(Ordering::SeqCst)
     );
     worker.shutdown().await;
 }

@@ -49,18 +49,32 @@ const CONSUMER_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// How long a message a doorbell brought waits for a slot before it goes back to the stream.
 const HOLD_MAX: Duration = Duration::from_secs(1);
 
-/// A pull's messages as events tagged with the pull's id, ending with `End`.
+/// A pull's messages as events tagged with the pull's id, ending with `End`. A pull that
+/// hears nothing from the server for `idle` ends too: a request the server never answers
+/// (it hung, or restarted and forgot it) must not hold its slots forever.
 fn tag(
     batch: async_nats::jetstream::consumer::pull::Batch,
     id: u64,
+    idle: Duration,
+    lane: String,
 ) -> BoxStream<'static, PullEvent> {
-    batch
-        .map(move |m| match m {
-            Ok(m) => PullEvent::Msg(id, Box::new(m)),
-            Err(e) => PullEvent::Failed(e.to_string()),
-        })
-        .chain(futures::stream::once(async move { PullEvent::End(id) }))
-        .boxed()
+    futures::stream::unfold(Some(batch), move |batch| {
+        let lane = lane.clone();
+        async move {
+            let mut batch = batch?;
+            match tokio::time::timeout(idle, batch.next()).await {
+                Ok(Some(Ok(m))) => Some((PullEvent::Msg(id, Box::new(m)), Some(batch))),
+                Ok(Some(Err(e))) => Some((PullEvent::Failed(e.to_string()), Some(batch))),
+                Ok(None) => None,
+                Err(_) => {
+                    warn!(%lane, ?idle, "pull request unanswered; giving up on it and pulling again");
+                    None
+                }
+            }
+        }
+    })
+    .chain(futures::stream::once(async move { PullEvent::End(id) }))
+    .boxed()
 }
 
 enum PullEvent {
@@ -305,6 +319,12 @@ impl Producer {
                             next_pull += 1;
                             reserved += n;
                             work_pulls += 1;
+                            pulls.push(tag(
+                                stream,
+                                id,
+                                BROKER_CALL_LIMIT,
+                                self.lanes[i].lane.to_string(),
+                            ));
                             open.insert(
                                 id,
                                 Pull {
@@ -314,7 +334,6 @@ impl Producer {
                                     doorbell: false,
                                 },
                             );
-                            pulls.push(tag(stream, id));
                             continue;
                         }
                         Err(e) => {
@@ -337,6 +356,12 @@ impl Producer {
                             let id = next_pull;
                             next_pull += 1;
                             self.lanes[i].doorbell = true;
+                            pulls.push(tag(
+                                stream,
+                                id,
+                                PULL_EXPIRES + BROKER_CALL_LIMIT,
+                                self.lanes[i].lane.to_string(),
+                            ));
                             open.insert(
                                 id,
                                 Pull {
@@ -346,7 +371,6 @@ impl Producer {
                                     doorbell: true,
                                 },
                             );
-                            pulls.push(tag(stream, id));
                         }
                         Err(e) => {
                             pull_backoff = Duration::from_millis(500);

@@ -174,6 +174,27 @@ impl NatsServer {
         }
     }
 
+    /// Stalls the server with SIGSTOP, like a host that hangs: connections stay open and
+    /// take bytes, nothing answers. [`NatsServer::resume`] continues it; a restart while it
+    /// is stopped loses whatever the clients sent it meanwhile.
+    pub fn pause(&self) -> Result<()> {
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Continues a server stalled by [`NatsServer::pause`].
+    pub fn resume(&self) -> Result<()> {
+        self.signal(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        let child = self
+            .child
+            .as_ref()
+            .ok_or_else(|| anyhow!("nats-server is not running"))?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, sig).with_context(|| format!("send {sig} to nats-server"))
+    }
+
     /// Kill (if running) and start again on the same port and store dir.
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
