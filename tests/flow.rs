@@ -165,6 +165,41 @@ async fn priorities_are_strict_unless_fair_every_gives_lower_bands_a_share() {
     );
 }
 
+/// The bare subject's lane, while idle, is watched by a long poll that holds the free slots
+/// loosely: a band with a backlog takes them, and what the watch brings then waits for the
+/// next slots by priority. Bare jobs (priority 5) published during a priority-8 backlog all
+/// start before that backlog goes on (but for the slots already promised to it), and none
+/// is lost.
+#[tokio::test]
+async fn default_priority_jobs_overtake_a_lower_band_backlog_and_none_is_lost() {
+    let env = TestEnv::new(&rust_queue("work", "concurrency = 4\n")).await;
+    let (h, starts) = timed(2);
+    let w = env.worker(&[("h", h)]).await;
+    // Idle: the bare lane is watched.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    publish_many(&env, "jobs.work.8", 2000, 8).await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            starts.lock().unwrap().len() >= 20
+        })
+        .await
+    );
+    publish_many(&env, "jobs.work", 50, 5).await;
+    assert!(env.wait_count("completed", 2050, 60).await);
+    w.shutdown().await;
+    let order: Vec<i16> = starts.lock().unwrap().iter().map(|s| s.2).collect();
+    assert_eq!(order.len(), 2050, "every job ran once");
+    let first = order.iter().position(|p| *p == 5).unwrap();
+    let last = order.iter().rposition(|p| *p == 5).unwrap();
+    let overtaking = order[first..last].iter().filter(|p| **p == 8).count();
+    println!("band-8 jobs started between the first and last bare job: {overtaking}");
+    assert!(
+        overtaking <= 8,
+        "{overtaking} band-8 jobs started while bare jobs waited: {:?}",
+        &order[first..=last]
+    );
+}
+
 #[tokio::test]
 async fn a_plain_message_on_a_band_subject_gets_the_bands_priority() {
     let env = TestEnv::new(&rust_queue("work", "")).await;

@@ -154,15 +154,44 @@ pub(crate) struct Rejected {
     pub reason: String,
 }
 
+/// What an outstanding pull request is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PullKind {
+    /// A no-wait pull to a lane with work waiting: it holds a slot per message asked for.
+    Work,
+    /// A long poll sized to the free slots, watching the default lane while it is idle (as
+    /// one request for many messages, the fastest path from publish to start). Its slots are
+    /// held loosely: a message of another lane may take them, and what the watch brings
+    /// beyond what it still holds then waits in `held` like a doorbell's.
+    Watch,
+    /// A one-message long poll on a lane that looked empty: it holds no slot.
+    Doorbell,
+}
+
 /// One outstanding pull request.
 struct Pull {
     /// Messages still to come.
     remaining: usize,
+    /// Slots still held for it.
+    reserved: usize,
     bytes: u64,
     /// The lane it was sent to (an index into `Producer::lanes`).
     lane: usize,
-    /// A one-message long poll on a lane that looked empty: it holds no slot.
-    doorbell: bool,
+    kind: PullKind,
+}
+
+/// Takes up to `want` loosely held slots back from the open watches; returns how many.
+fn unreserve_watches(open: &mut HashMap<u64, Pull>, want: usize) -> usize {
+    let mut taken = 0;
+    for p in open.values_mut().filter(|p| p.kind == PullKind::Watch) {
+        let k = p.reserved.min(want - taken);
+        p.reserved -= k;
+        taken += k;
+        if taken == want {
+            break;
+        }
+    }
+    taken
 }
 
 /// One lane of the queue as the producer sees it.
@@ -171,7 +200,7 @@ struct LaneState {
     consumer: PullConsumer,
     /// Messages may wait here: work pulls go to the first such lane.
     hot: bool,
-    /// A doorbell is open here (the lane looked empty).
+    /// A doorbell or a watch is open here (the lane looked empty).
     doorbell: bool,
     last_check: Instant,
 }
@@ -189,6 +218,9 @@ pub(crate) struct Producer {
     pulls_sent: u64,
     /// Grants of a queue with a cluster-wide cap or rate limit.
     flow: Option<Flow>,
+    /// The lane watched by a [`PullKind::Watch`] while it is idle (the bare subject's; none
+    /// under a cap or rate limit, where slots follow grants): the others have doorbells.
+    watched: Option<usize>,
 }
 
 impl Producer {
@@ -209,10 +241,16 @@ impl Producer {
                 doorbell: false,
                 last_check: Instant::now(),
             })
-            .collect();
+            .collect::<Vec<LaneState>>();
+        let flow = Flow::of(&shared, &policy);
+        let watched = lanes
+            .iter()
+            .position(|l| l.lane.band.is_none())
+            .filter(|_| flow.is_none());
         Producer {
+            watched,
             slots: Arc::new(Semaphore::new(policy.concurrency)),
-            flow: Flow::of(&shared, &policy),
+            flow,
             shared,
             policy,
             lanes,
@@ -242,8 +280,10 @@ impl Producer {
     pub async fn run(mut self, cancel: CancellationToken) {
         let mut pulls: SelectAll<BoxStream<'static, PullEvent>> = SelectAll::new();
         let mut open: HashMap<u64, Pull> = HashMap::new();
-        // Slots promised to open work pulls (doorbells promise none).
+        // Slots promised to open pulls (doorbells promise none), and the part of them that
+        // watches hold loosely.
         let mut reserved = 0usize;
+        let mut loose = 0usize;
         let mut work_pulls = 0usize;
         let mut next_pull = 0u64;
         let mut jobs: JoinSet<()> = JoinSet::new();
@@ -263,18 +303,25 @@ impl Producer {
         loop {
             // A worker fenced off from PostgreSQL takes no new work until it is back.
             let fenced = self.shared.fenced.load(Ordering::SeqCst);
-            let free = self.slots.available_permits().saturating_sub(reserved);
+            let permits = self.slots.available_permits();
+            let free = permits.saturating_sub(reserved);
+            // What a message of a lane with work may have: the free slots and those an idle
+            // lane's watch holds.
+            let free_for_work = permits.saturating_sub(reserved - loose);
             // Held messages first — those of the highest lane that has work; one of a lower
             // lane waits (and goes back after HOLD_MAX), so priorities stay strict.
             let best_hot = self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX);
-            if !fenced && free > 0 && !held.is_empty() {
+            if !fenced && free_for_work > 0 && !held.is_empty() {
                 held.sort_by_key(|(d, _)| d.rank);
                 let n = held
                     .iter()
                     .take_while(|(d, _)| d.rank <= best_hot)
                     .count()
-                    .min(free);
+                    .min(free_for_work);
                 if n > 0 {
+                    let taken = unreserve_watches(&mut open, n.saturating_sub(free));
+                    reserved -= taken;
+                    loose -= taken;
                     let take: Vec<Delivered> = held.drain(..n).map(|(d, _)| d).collect();
                     let before = held.len();
                     self.admit(take, &mut held, &mut jobs).await;
@@ -300,12 +347,12 @@ impl Producer {
                 }
             }
             if !fenced
-                && free > 0
-                && (free >= refill_at || work_pulls == 0)
+                && free_for_work > 0
+                && (free_for_work >= refill_at || work_pulls == 0)
                 && pull_backoff.is_zero()
                 && self.lanes.iter().any(|l| l.hot)
             {
-                let mut n = free.min(batch_cap);
+                let mut n = free_for_work.min(batch_cap);
                 // Under a cap or rate limit: only as many as there are grants for (the
                 // open pulls' messages have theirs).
                 if let Some(flow) = self.flow.as_mut() {
@@ -315,6 +362,9 @@ impl Producer {
                 if let Some(i) = (n > 0).then(|| self.next_lane()).flatten() {
                     match self.send_pull(i, n, pull_bytes, false).await {
                         Ok(stream) => {
+                            let taken = unreserve_watches(&mut open, n.saturating_sub(free));
+                            reserved -= taken;
+                            loose -= taken;
                             let id = next_pull;
                             next_pull += 1;
                             reserved += n;
@@ -329,9 +379,10 @@ impl Producer {
                                 id,
                                 Pull {
                                     remaining: n,
+                                    reserved: n,
                                     bytes: 0,
                                     lane: i,
-                                    doorbell: false,
+                                    kind: PullKind::Work,
                                 },
                             );
                             continue;
@@ -345,13 +396,20 @@ impl Producer {
                 }
             }
             // Every lane that looked empty keeps a doorbell open, so a message on any lane
-            // is seen at once, whatever the others hold.
+            // is seen at once, whatever the others hold; the watched lane a watch over the
+            // free slots, when there are any.
             if !fenced && pull_backoff.is_zero() {
                 for i in 0..self.lanes.len() {
                     if self.lanes[i].hot || self.lanes[i].doorbell {
                         continue;
                     }
-                    match self.send_pull(i, 1, pull_bytes, true).await {
+                    let free = self.slots.available_permits().saturating_sub(reserved);
+                    let (kind, n) = if self.watched == Some(i) && free > 0 {
+                        (PullKind::Watch, free.min(batch_cap))
+                    } else {
+                        (PullKind::Doorbell, 1)
+                    };
+                    match self.send_pull(i, n, pull_bytes, true).await {
                         Ok(stream) => {
                             let id = next_pull;
                             next_pull += 1;
@@ -362,13 +420,17 @@ impl Producer {
                                 PULL_EXPIRES + BROKER_CALL_LIMIT,
                                 self.lanes[i].lane.to_string(),
                             ));
+                            let reserve = if kind == PullKind::Watch { n } else { 0 };
+                            reserved += reserve;
+                            loose += reserve;
                             open.insert(
                                 id,
                                 Pull {
-                                    remaining: 1,
+                                    remaining: n,
+                                    reserved: reserve,
                                     bytes: 0,
                                     lane: i,
-                                    doorbell: true,
+                                    kind,
                                 },
                             );
                         }
@@ -417,15 +479,20 @@ impl Producer {
                         match e {
                             PullEvent::Msg(id, m) => {
                                 let Some(p) = open.get_mut(&id) else { continue };
-                                if !p.doorbell {
-                                    reserved = reserved.saturating_sub(1);
+                                let lane = &mut self.lanes[p.lane];
+                                if p.reserved > 0 {
+                                    p.reserved -= 1;
+                                    reserved -= 1;
+                                    if p.kind == PullKind::Watch {
+                                        loose -= 1;
+                                    }
+                                } else {
+                                    // It came without a slot: the lane has work, and its
+                                    // priority decides what runs next.
+                                    lane.hot = true;
                                 }
                                 p.remaining = p.remaining.saturating_sub(1);
                                 p.bytes += m.length as u64;
-                                let lane = &mut self.lanes[p.lane];
-                                if p.doorbell {
-                                    lane.hot = true;
-                                }
                                 arrived.push(Delivered::new(*m, &lane.lane, p.lane));
                             }
                             PullEvent::Failed(cause) => {
@@ -434,14 +501,24 @@ impl Producer {
                             PullEvent::End(id) => {
                                 if let Some(p) = open.remove(&id) {
                                     let lane = &mut self.lanes[p.lane];
-                                    if p.doorbell {
-                                        lane.doorbell = false;
-                                    } else {
-                                        reserved = reserved.saturating_sub(p.remaining);
-                                        work_pulls -= 1;
-                                        // Ended short: the lane ran dry; a doorbell watches it.
-                                        if p.remaining > 0 {
-                                            lane.hot = false;
+                                    reserved -= p.reserved;
+                                    match p.kind {
+                                        PullKind::Doorbell => lane.doorbell = false,
+                                        PullKind::Watch => {
+                                            loose -= p.reserved;
+                                            lane.doorbell = false;
+                                            // Filled: more may be waiting.
+                                            if p.remaining == 0 {
+                                                lane.hot = true;
+                                            }
+                                        }
+                                        PullKind::Work => {
+                                            work_pulls -= 1;
+                                            // Ended short: the lane ran dry; a doorbell or a
+                                            // watch looks after it.
+                                            if p.remaining > 0 {
+                                                lane.hot = false;
+                                            }
                                         }
                                     }
                                     self.shared.stats.largest_pull_bytes.fetch_max(p.bytes, Ordering::Relaxed);
@@ -476,7 +553,8 @@ impl Producer {
                 }
             }
             if !arrived.is_empty() {
-                // A work pull's messages have their slots; a doorbell's only if one is free.
+                // A work pull's messages have their slots (a watch's, those it still held); a
+                // doorbell's only if one is free.
                 arrived.sort_by_key(|d| d.rank);
                 let room = self.slots.available_permits().saturating_sub(reserved);
                 if arrived.len() > room {
@@ -521,20 +599,20 @@ impl Producer {
     }
 
     /// Sends a pull request for up to `n` messages to lane `i` (bounded in time): a work
-    /// pull takes what the lane holds now and ends (`no_wait`); a doorbell waits up to
-    /// [`PULL_EXPIRES`] for its one message.
+    /// pull takes what the lane holds now and ends (`no_wait`); a long poll (doorbell or
+    /// watch) waits up to [`PULL_EXPIRES`] for its messages.
     async fn send_pull(
         &self,
         i: usize,
         n: usize,
         max_bytes: usize,
-        doorbell: bool,
+        long_poll: bool,
     ) -> Result<async_nats::jetstream::consumer::pull::Batch, String> {
         let consumer = &self.lanes[i].consumer;
         // No idle heartbeat: async-nats 0.51's batch stream stops waking up after the first
         // one, leaving later messages unread until ack_wait.
         let request = async {
-            if doorbell {
+            if long_poll {
                 consumer
                     .batch()
                     .max_messages(n)
