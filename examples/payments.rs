@@ -140,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
         .clone();
     config.queues.insert("payments".into(), queue);
     config.worker.api_listen = "127.0.0.1:0".into();
+    config.worker.ops_listen = "127.0.0.1:0".into();
     let schema = config.database.schema.clone();
 
     let store = Store::connect(&config.database).await?;

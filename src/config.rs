@@ -23,6 +23,8 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(600);
 pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_ACK_PENDING: i64 = 20_000;
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:7433";
+/// Where Prometheus and the kubelet reach a worker (`/metrics`, `/livez`, `/readyz`).
+pub const DEFAULT_OPS_LISTEN: &str = "0.0.0.0:7434";
 pub const DEFAULT_HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
 pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(30);
@@ -93,6 +95,9 @@ pub struct WorkerConfig {
     pub hostname: Option<String>,
     /// Local API (progress reports, health). Port 0 picks a free one.
     pub api_listen: String,
+    /// Metrics and health for Prometheus and the kubelet (`/metrics`, `/livez`, `/readyz`),
+    /// reachable from outside the pod; `"off"` serves them on `api_listen` only.
+    pub ops_listen: String,
     #[serde(with = "humantime_serde")]
     pub heartbeat_every: Duration,
     #[serde(with = "humantime_serde")]
@@ -203,6 +208,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             hostname: None,
             api_listen: DEFAULT_API_LISTEN.into(),
+            ops_listen: DEFAULT_OPS_LISTEN.into(),
             heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
             stale_after: DEFAULT_STALE_AFTER,
             sweep_every: DEFAULT_SWEEP_EVERY,
@@ -404,6 +410,12 @@ impl Config {
             errs.push(format!(
                 "worker.api_listen {:?} is not an address like 127.0.0.1:7433",
                 w.api_listen
+            ));
+        }
+        if w.ops_listen != "off" && w.ops_listen.parse::<std::net::SocketAddr>().is_err() {
+            errs.push(format!(
+                "worker.ops_listen {:?} is not an address like 0.0.0.0:7434 (or \"off\")",
+                w.ops_listen
             ));
         }
         if !self.database.url.starts_with("postgres://")

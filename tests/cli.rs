@@ -147,6 +147,7 @@ fn run_keeps_retrying_unreachable_servers_and_stops_on_sigterm() {
         url = "postgres://postgres@127.0.0.1:1/nowhere"
         [worker]
         api_listen = "127.0.0.1:0"
+        ops_listen = "127.0.0.1:0"
         [queues.email]
         handler = { kind = "http", url = "http://127.0.0.1:8080/jobs" }
         "#,

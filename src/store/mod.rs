@@ -16,7 +16,7 @@ pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Reclaimed, Registration};
 pub use messages::{UnservedRow, PUBLISH_RETRY};
-pub use ops::{format_stats, format_unserved, QueueStats};
+pub use ops::{format_stats, format_unserved, format_workers, QueueStats, WorkerRow};
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};
@@ -394,6 +394,16 @@ impl Store {
             .execute("SELECT pg_advisory_unlock(hashtext($1))", &[&key])
             .await?;
         outcome
+    }
+
+    /// The schema version this build needs (its highest migration).
+    pub fn required_version() -> i32 {
+        embedded::migrations::runner()
+            .get_migrations()
+            .iter()
+            .map(|m| m.version())
+            .max()
+            .unwrap_or(0)
     }
 
     /// The schema version applied (highest migration), or 0.

@@ -20,7 +20,61 @@ pub struct QueueStats {
     pub retry_rate: f64,
 }
 
+/// One worker process as `jobwarden workers` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkerRow {
+    pub id: String,
+    pub hostname: String,
+    pub pid: i32,
+    pub version: String,
+    pub up_seconds: f64,
+    pub heartbeat_age_seconds: f64,
+    /// Others declare it dead when its heartbeat is older than this.
+    pub dead_after_ms: i64,
+    pub stopped_seconds_ago: Option<f64>,
+    pub stop_reason: Option<String>,
+    /// Jobs it holds (`processing`) now.
+    pub in_flight: i64,
+}
+
+impl WorkerRow {
+    /// `alive`, `silent` (heartbeat older than its dead_after, not yet reaped) or
+    /// `stopped (<reason>)`.
+    pub fn state(&self) -> String {
+        match (&self.stopped_seconds_ago, &self.stop_reason) {
+            (Some(_), Some(r)) => format!("stopped ({r})"),
+            (Some(_), None) => "stopped".into(),
+            _ if self.heartbeat_age_seconds * 1000.0 > self.dead_after_ms as f64 => "silent".into(),
+            _ => "alive".into(),
+        }
+    }
+}
+
 impl Store {
+    /// The running workers (with `all`, every one that ever ran), newest first.
+    pub async fn workers(&self, all: bool, limit: i64) -> Result<Vec<WorkerRow>> {
+        let c = self.raw().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/workers_list.sql"))
+            .await?;
+        Ok(c.query(&st, &[&all, &limit])
+            .await?
+            .into_iter()
+            .map(|r| WorkerRow {
+                id: r.get(0),
+                hostname: r.get(1),
+                pid: r.get(2),
+                version: r.get(3),
+                up_seconds: r.get(4),
+                heartbeat_age_seconds: r.get(5),
+                dead_after_ms: r.get(6),
+                stopped_seconds_ago: r.get(7),
+                stop_reason: r.get(8),
+                in_flight: r.get(9),
+            })
+            .collect())
+    }
+
     /// Retries dead jobs (by id, or every dead job of a queue); returns the ids retried.
     pub async fn job_retry_dead(
         &self,
@@ -54,6 +108,17 @@ impl Store {
         Ok(c.execute(&st, &[&ms]).await?)
     }
 
+    /// Jobs by queue and status (queued, scheduled, processing, dead): `(queue, status, n)`.
+    pub async fn depth(&self) -> Result<Vec<(String, String, i64)>> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(include_str!("sql/job_depth.sql")).await?;
+        Ok(c.query(&st, &[])
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+
     /// Per-queue statistics from the `job_stats` view.
     pub async fn job_stats(&self) -> Result<Vec<QueueStats>> {
         let c = self.raw().await?;
@@ -75,6 +140,45 @@ impl Store {
             })
             .collect())
     }
+}
+
+/// A duration for people: `42s`, `17m`, `5h`, `3d`.
+fn ago(secs: f64) -> String {
+    let s = secs.max(0.0);
+    if s < 100.0 {
+        format!("{s:.0}s")
+    } else if s < 6000.0 {
+        format!("{:.0}m", s / 60.0)
+    } else if s < 48.0 * 3600.0 {
+        format!("{:.0}h", s / 3600.0)
+    } else {
+        format!("{:.0}d", s / 86400.0)
+    }
+}
+
+/// The `jobwarden workers` table.
+pub fn format_workers(rows: &[WorkerRow]) -> String {
+    if rows.is_empty() {
+        return "no worker is running (jobwarden workers --all lists stopped ones)\n".into();
+    }
+    let mut out = format!(
+        "{:<36} {:<20} {:>7} {:<9} {:>6} {:>10} {:>9}  {}\n",
+        "worker", "host", "pid", "version", "up", "heartbeat", "in flight", "state"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<36} {:<20} {:>7} {:<9} {:>6} {:>10} {:>9}  {}\n",
+            r.id,
+            r.hostname,
+            r.pid,
+            r.version,
+            ago(r.up_seconds),
+            format!("{} ago", ago(r.heartbeat_age_seconds)),
+            r.in_flight,
+            r.state()
+        ));
+    }
+    out
 }
 
 /// The `jobwarden stats` table.
@@ -141,4 +245,49 @@ pub fn format_unserved(rows: &[super::UnservedRow]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(beat: f64, stopped: Option<(&str, f64)>) -> WorkerRow {
+        WorkerRow {
+            id: "pod-a-7521-2968c8ff".into(),
+            hostname: "pod-a".into(),
+            pid: 7521,
+            version: "0.1.0".into(),
+            up_seconds: 1020.0,
+            heartbeat_age_seconds: beat,
+            dead_after_ms: 15_000,
+            stopped_seconds_ago: stopped.map(|s| s.1),
+            stop_reason: stopped.map(|s| s.0.to_string()),
+            in_flight: 3,
+        }
+    }
+
+    #[test]
+    fn a_worker_is_alive_silent_past_its_own_dead_after_or_stopped() {
+        assert_eq!(row(1.0, None).state(), "alive");
+        assert_eq!(row(15.5, None).state(), "silent");
+        assert_eq!(
+            row(400.0, Some(("owner_dead", 300.0))).state(),
+            "stopped (owner_dead)"
+        );
+    }
+
+    #[test]
+    fn the_workers_table_has_one_aligned_line_per_worker() {
+        let out = format_workers(&[row(1.0, None)]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].starts_with("worker "), "{out}");
+        assert!(lines[1].starts_with("pod-a-7521-2968c8ff "), "{out}");
+        assert!(lines[1].contains(" 17m "), "{out}");
+        assert!(lines[1].contains("1s ago"), "{out}");
+        assert!(lines[1].ends_with("3  alive"), "{out}");
+        assert_eq!(lines[0].find("state"), lines[1].find("alive"), "{out}");
+        assert!(format_workers(&[]).starts_with("no worker is running"));
+        println!("{out}");
+    }
 }

@@ -10,8 +10,15 @@
 //!   `worker.shutdown_grace`, give back the rest; answers when done with
 //!   `{"finished": n, "released": m}`. The process keeps running (for a Kubernetes `preStop`
 //!   hook on the application container, so jobs stop before the application does).
-//! - `GET /healthz` — the process is alive (liveness: never checks the servers).
-//! - `GET /readyz` — PostgreSQL and NATS answer and the worker is not draining (readiness).
+//! - `GET /livez` (and `/healthz`, its older name) — the process is alive (liveness: never
+//!   checks the servers, so an outage of either never restarts every pod).
+//! - `GET /readyz` — PostgreSQL answers with the schema this build needs, NATS is connected,
+//!   and the worker is neither draining nor fenced off (readiness); `503` with the reason
+//!   otherwise.
+//! - `GET /metrics` — Prometheus metrics (see [`super::metrics`]).
+//!
+//! The ops listener (`worker.ops_listen`, reachable from outside the pod) serves only the
+//! last three: progress reports and drain stay on the local address.
 
 use super::Shared;
 use crate::handler::Progress;
@@ -30,11 +37,9 @@ pub(crate) async fn serve(
     shared: Arc<Shared>,
     cancel: CancellationToken,
 ) {
-    let app = Router::new()
+    let app = ops_routes()
         .route("/v1/jobs/{id}/progress", post(progress))
         .route("/v1/drain", post(drain))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
         .with_state(shared);
     let shutdown = async move { cancel.cancelled().await };
     if let Err(e) = axum::serve(listener, app)
@@ -43,6 +48,41 @@ pub(crate) async fn serve(
     {
         warn!(cause = %e, "local API stopped");
     }
+}
+
+/// Metrics and probes, on their own listener.
+pub(crate) async fn serve_ops(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let app = ops_routes().with_state(shared);
+    let shutdown = async move { cancel.cancelled().await };
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
+        warn!(cause = %e, "metrics and probes listener stopped");
+    }
+}
+
+fn ops_routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let body = super::metrics::render(&shared).await;
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            super::metrics::CONTENT_TYPE,
+        )],
+        body,
+    )
 }
 
 #[derive(serde::Deserialize)]
@@ -102,20 +142,45 @@ async fn drain(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
+    use std::sync::atomic::Ordering;
+    if shared.draining.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining".to_string());
     }
-    let pg = shared.store.ping().await;
+    if shared.fenced.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fenced off: this worker cannot renew its heartbeat (or was declared dead) and takes no jobs"
+                .to_string(),
+        );
+    }
     let nats = shared.broker.client.connection_state();
     let nats_ok = matches!(nats, async_nats::connection::State::Connected);
+    let need = crate::store::Store::required_version();
+    let pg = match tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        shared.store.schema_version(),
+    )
+    .await
+    {
+        Ok(Ok(v)) if v >= need => Ok(()),
+        Ok(Ok(v)) => Err(format!(
+            "schema at migration {v}, this build needs {need}: run `jobwarden migrate`"
+        )),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 2s".to_string()),
+    };
     match (pg, nats_ok) {
         (Ok(()), true) => (StatusCode::OK, "ready".to_string()),
         (pg, _) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "postgres: {}; nats: {nats:?}",
-                pg.map(|_| "ok".to_string())
-                    .unwrap_or_else(|e| e.to_string())
+                "postgres: {}; nats: {}",
+                pg.err().unwrap_or_else(|| "ok".to_string()),
+                if nats_ok {
+                    "ok".to_string()
+                } else {
+                    format!("{nats:?}")
+                }
             ),
         ),
     }

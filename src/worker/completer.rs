@@ -126,25 +126,37 @@ impl Completer {
             let queue = &f.policy.name;
             if !settled.contains(&f.id) {
                 Stats::add(&stats.lost_ownership, 1);
+                // It ran to its end while another owner had it.
+                Stats::add(&stats.overlapping, 1);
                 warn!(job.id = %f.id, job.lease = f.lease, worker.id = %shared.worker_id,
                       "completion rejected: job was taken from this worker (lost ownership); not acking");
                 continue;
             }
+            let m = &f.policy.metrics;
+            m.duration.observe(f.elapsed.as_secs_f64());
             if input.refund {
                 // Released at shutdown: nak so another worker starts it at once.
                 Stats::add(&stats.released, 1);
+                m.released.inc();
                 info!(job.id = %f.id, %queue, "job released (attempt not counted)");
                 shared.outbound.ack(&f.acker, AckKind::Nak(None));
                 continue;
             }
             match input.status {
-                JobStatus::Completed => Stats::add(&stats.completed, 1),
+                JobStatus::Completed => {
+                    Stats::add(&stats.completed, 1);
+                    m.completed.inc();
+                }
                 JobStatus::Dead => {
                     Stats::add(&stats.dead, 1);
+                    m.dead.inc();
                     info!(job.id = %f.id, %queue, error = ?input.error, "job dead-lettered");
                     shared.announce_dead(queue, &f.id, input.error.as_deref());
                 }
-                _ => Stats::add(&stats.retried, 1),
+                _ => {
+                    Stats::add(&stats.retried, 1);
+                    m.retried.inc();
+                }
             }
             // The row is settled; an ack that never arrives means a redelivery that finds it
             // terminal or scheduled.

@@ -214,7 +214,9 @@ pub(crate) async fn report_progress(
             Stats::add(&shared.stats.lost_ownership, 1);
             warn!(job.id = %job_id, job.lease = lease, worker.id = %shared.worker_id,
                   "progress write rejected: job was taken from this worker");
-            shared.ledger.lost(job_id, lease);
+            if shared.ledger.lost(job_id, lease) {
+                Stats::add(&shared.stats.overlapping, 1);
+            }
             Err(LostOwnership(job_id.to_string()))
         }
         Err(e) => {

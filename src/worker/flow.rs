@@ -66,6 +66,7 @@ impl Flow {
             Ok(g) => {
                 self.held += g.granted;
                 if g.granted == 0 {
+                    p.metrics.flow_waits.inc();
                     self.next_try =
                         Instant::now() + g.retry_in.clamp(Duration::from_millis(20), RETRY_MAX);
                 }

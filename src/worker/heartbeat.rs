@@ -172,6 +172,7 @@ impl Heartbeat {
         for (id, lease) in &local {
             if db.get(id.as_str()) != Some(lease) && shared.ledger.lost(id, *lease) {
                 Stats::add(&shared.stats.lost_ownership, 1);
+                Stats::add(&shared.stats.overlapping, 1);
                 warn!(job.id = %id, job.lease = lease, "job was taken from this worker; stopping its attempt");
             }
         }

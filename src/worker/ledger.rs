@@ -147,6 +147,15 @@ impl Ledger {
         n
     }
 
+    /// Attempts held now (claimed, running or finished and not yet settled), by queue.
+    pub fn in_flight_by_queue(&self) -> HashMap<String, usize> {
+        let mut out: HashMap<String, usize> = HashMap::new();
+        for e in self.lock().values() {
+            *out.entry(e.policy.name.clone()).or_default() += 1;
+        }
+        out
+    }
+
     /// The attempts this worker owns now: id → lease.
     pub fn owned(&self) -> HashMap<String, i64> {
         self.lock()

@@ -30,6 +30,7 @@ mod flow;
 mod heartbeat;
 mod janitor;
 mod ledger;
+mod metrics;
 mod outage;
 mod outbound;
 mod producer;
@@ -68,6 +69,8 @@ pub enum WorkerError {
     UnknownRustHandler { queue: String, name: String },
     #[error("local API cannot listen on {addr}: {cause}; set worker.api_listen to a free address (port 0 picks one)")]
     Api { addr: String, cause: String },
+    #[error("metrics and probes cannot listen on {addr}: {cause}; set worker.ops_listen to a free address (port 0 picks one), or \"off\" to serve them on worker.api_listen only")]
+    Ops { addr: String, cause: String },
     #[error("stopped before start-up finished")]
     Cancelled,
 }
@@ -114,6 +117,9 @@ pub struct Stats {
     pub acks_dropped: AtomicU64,
     /// Cron fires this worker enqueued.
     pub cron_fired: AtomicU64,
+    /// Attempts that ran or finished here after their job had been given to another owner
+    /// (found by a lease check, a progress report or the settle): it may have run twice.
+    pub overlapping: AtomicU64,
     /// The largest pull answered so far, in bytes.
     pub largest_pull_bytes: AtomicU64,
 }
@@ -145,6 +151,7 @@ pub(crate) struct QueuePolicy {
     /// Starts per window across every worker.
     pub rate: Option<(u32, Duration)>,
     pub handler: Arc<dyn Handler>,
+    pub metrics: metrics::QueueMetrics,
 }
 
 /// What every service of one worker shares.
@@ -157,6 +164,7 @@ pub(crate) struct Shared {
     pub beat_store: Store,
     pub broker: Broker,
     pub stats: Arc<Stats>,
+    pub metrics: metrics::Metrics,
     /// The jobs this worker owns, from claim to settle.
     pub ledger: Ledger,
     pub outbound: Outbound,
@@ -276,6 +284,9 @@ pub struct RunningWorker {
     shared: Arc<Shared>,
     pub id: String,
     pub api_addr: SocketAddr,
+    /// Where `/metrics`, `/livez` and `/readyz` are served (`None`: `ops_listen = "off"`;
+    /// they are on `api_addr` too).
+    pub ops_addr: Option<SocketAddr>,
     pub stats: Arc<Stats>,
     pub store: Store,
     pub broker: Broker,
@@ -306,7 +317,10 @@ impl Worker {
     }
 
     /// Each configured queue's policy, with its handler.
-    fn policies(&self) -> Result<HashMap<String, Arc<QueuePolicy>>, WorkerError> {
+    fn policies(
+        &self,
+        metrics: &metrics::Metrics,
+    ) -> Result<HashMap<String, Arc<QueuePolicy>>, WorkerError> {
         let config = &self.config;
         let mut out = HashMap::new();
         for (name, q) in &config.queues {
@@ -338,6 +352,7 @@ impl Worker {
                         .as_deref()
                         .and_then(|r| crate::config::parse_rate_limit(r).ok()),
                     handler,
+                    metrics: metrics.queue(name),
                 }),
             );
         }
@@ -347,7 +362,8 @@ impl Worker {
     /// Connects (retrying with backoff while a server is unreachable), migrates, provisions,
     /// registers and starts every service. Returns once jobs are flowing.
     pub async fn start(self, cancel: CancellationToken) -> Result<RunningWorker, WorkerError> {
-        let queues = self.policies()?;
+        let metrics = metrics::Metrics::new();
+        let queues = self.policies(&metrics)?;
         let config = self.config;
 
         let store =
@@ -414,6 +430,19 @@ impl Worker {
             addr: config.worker.api_listen.clone(),
             cause: e.to_string(),
         })?;
+        let ops = match config.worker.ops_listen.as_str() {
+            "off" => None,
+            addr => {
+                let ops_err = |e: std::io::Error| WorkerError::Ops {
+                    addr: addr.to_string(),
+                    cause: e.to_string(),
+                };
+                let l = tokio::net::TcpListener::bind(addr).await.map_err(ops_err)?;
+                let a = l.local_addr().map_err(ops_err)?;
+                Some((l, a))
+            }
+        };
+        let ops_addr = ops.as_ref().map(|(_, a)| *a);
         let stats = Arc::new(Stats::default());
         let (outbound, outbound_run) = Outbound::new(broker.client.clone(), stats.clone());
         let outbound_task = tokio::spawn(outbound_run);
@@ -427,6 +456,7 @@ impl Worker {
             beat_store,
             broker: broker.clone(),
             stats: stats.clone(),
+            metrics,
             ledger: Ledger::default(),
             outbound,
             pacing,
@@ -449,7 +479,7 @@ impl Worker {
         rescuer::Rescuer::new(shared.clone())
             .reconcile_startup()
             .await;
-        info!(worker.id = %worker_id, api = %api_addr, queues = ?config.queues.keys().collect::<Vec<_>>(),
+        info!(worker.id = %worker_id, api = %api_addr, ops = ?ops_addr, queues = ?config.queues.keys().collect::<Vec<_>>(),
               heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
               self_fence_after = ?pacing.fence_after(), "worker started");
 
@@ -474,11 +504,15 @@ impl Worker {
         background.spawn(rescuer::Rescuer::new(shared.clone()).run(bc.clone()));
         background.spawn(reconciler::Reconciler::new(shared.clone()).run(bc.clone()));
         background.spawn(api::serve(listener, shared.clone(), bc.clone()));
+        if let Some((l, _)) = ops {
+            background.spawn(api::serve_ops(l, shared.clone(), bc.clone()));
+        }
 
         Ok(RunningWorker {
             shared,
             id: worker_id,
             api_addr,
+            ops_addr,
             stats,
             store,
             broker,

@@ -926,6 +926,15 @@ impl Producer {
             .expect("the slot semaphore is never closed");
         let shared = &self.shared;
         Stats::add(&shared.stats.claimed, 1);
+        let m = &self.policy.metrics;
+        m.started.inc();
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i128)
+            .unwrap_or(0);
+        if d.stored_ns > 0 {
+            m.wait.observe((now_ns - d.stored_ns).max(0) as f64 / 1e9);
+        }
         let control = Arc::new(AttemptControl::new(shared.pacing.stop_grace(KILL_GRACE)));
         let attempt =
             shared

@@ -63,7 +63,7 @@ impl TestEnv {
         let text = format!(
             "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n\
              [nats]\nurl = \"{}\"\n\
-             [worker]\napi_listen = \"127.0.0.1:0\"\nhostname = \"test\"\nscheduler_every = \"50ms\"\n\
+             [worker]\napi_listen = \"127.0.0.1:0\"\nops_listen = \"127.0.0.1:0\"\nhostname = \"test\"\nscheduler_every = \"50ms\"\n\
              {extra_toml}",
             database_url,
             nats.url()

@@ -173,6 +173,7 @@ async fn phase(
     config.nats.stream = name.to_uppercase();
     config.nats.subject_prefix = name.clone();
     config.worker.api_listen = "127.0.0.1:0".into();
+    config.worker.ops_listen = "127.0.0.1:0".into();
     config.worker.hostname = Some("bench".into());
     let queue = QueueConfig {
         concurrency: args.concurrency,

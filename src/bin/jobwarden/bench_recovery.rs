@@ -54,6 +54,7 @@ async fn scenario_run(
     config.nats.stream = name.to_uppercase();
     config.nats.subject_prefix = name.clone();
     config.worker.api_listen = "127.0.0.1:0".into();
+    config.worker.ops_listen = "127.0.0.1:0".into();
     config.queues.insert(
         "r".into(),
         QueueConfig {

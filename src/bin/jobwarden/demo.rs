@@ -270,6 +270,7 @@ stream = "{stream}"
 
 [worker]
 api_listen = "127.0.0.1:0"
+ops_listen = "127.0.0.1:0"
 migrate = false
 stale_after = "20s"
 sweep_every = "5s"

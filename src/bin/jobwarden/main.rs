@@ -93,6 +93,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The workers: each one's host, version, heartbeat age and jobs in flight.
+    Workers {
+        /// Stopped workers too (newest first, at most --limit).
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark: push no-op jobs through a worker and print throughput and latency.
     Bench(bench::BenchArgs),
     /// Demo: throwaway servers, several workers, a mixed workload, live progress and counts.
@@ -337,6 +347,17 @@ async fn real_main(cli: Cli) -> Result<()> {
             let config = Config::load_connections(path.as_deref())?;
             let store = Store::connect(&config.database).await?;
             stats(&store, json).await
+        }
+        Command::Workers { all, limit, json } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            let rows = store.workers(all, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print!("{}", jobwarden::store::format_workers(&rows));
+            }
+            Ok(())
         }
         Command::Bench(args) => bench::run(args, path.as_deref()).await,
         Command::Demo(args) => demo::run(args).await,
