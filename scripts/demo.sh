@@ -4,7 +4,7 @@
 # `jobwarden demo`, which starts a throwaway nats-server and PostgreSQL, three worker
 # processes and a demo application, publishes a mixed workload and shows it drain.
 #
-# Usage: scripts/demo.sh [--workers N] [--jobs N] [--database-url URL] [--nats-url URL]
+# Usage: scripts/demo.sh [--workers N] [--jobs N] [--database-url URL] [--nats-url URL] [--hold]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH="$PATH:/usr/sbin" ;; esac

@@ -16,10 +16,13 @@
 # throwaway cluster in /var/tmp/jobwarden-pg-<port> (JOBWARDEN_PG_DIR), which
 # is reused on later runs.
 #
-# Usage: scripts/ensure-servers.sh [--nats]
-#   --nats  also make sure a nats-server with JetStream listens on
-#           127.0.0.1:4222 (JOBWARDEN_NATS_PORT), starting one in the
-#           background (store /var/tmp/jobwarden-nats) if none answers.
+# Usage: scripts/ensure-servers.sh [--nats] [--browser]
+#   --nats     also make sure a nats-server with JetStream listens on
+#              127.0.0.1:4222 (JOBWARDEN_NATS_PORT), starting one in the
+#              background (store /var/tmp/jobwarden-nats) if none answers.
+#   --browser  also install Debian's chromium and chromium-driver (the
+#              dashboard's browser tests) when missing; if they cannot be
+#              installed, say so and go on (those tests then skip, saying why).
 #
 # Idempotent, and silent when everything is already in place. Can also be
 # sourced (`. scripts/ensure-servers.sh [--nats]`): the work then runs in a
@@ -513,11 +516,22 @@ jw_ensure_nats_running() {
 
 # ---------------------------------------------------------------------------
 
+# Chromium and chromedriver for the dashboard's browser tests: best effort.
+jw_ensure_browser() {
+    [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]] && return 0
+    if (jw_apt_install chromium chromium-driver); then
+        jw_say "installed chromium and chromium-driver"
+    else
+        jw_say "WARNING: could not install chromium and chromium-driver; the dashboard's browser tests will skip"
+    fi
+}
+
 jw_ensure_main() {
-    local want_nats=0 arg
+    local want_nats=0 want_browser=0 arg
     for arg in "$@"; do
         case $arg in
         --nats) want_nats=1 ;;
+        --browser) want_browser=1 ;;
         -h | --help)
             jw_usage
             return 0
@@ -530,6 +544,9 @@ jw_ensure_main() {
     jw_ensure_postgres
     if ((want_nats)); then
         jw_ensure_nats_running
+    fi
+    if ((want_browser)); then
+        jw_ensure_browser
     fi
 }
 

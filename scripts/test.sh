@@ -41,8 +41,8 @@ export PATH
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 echo "==> jobwarden tests in $PWD${CI:+ (CI=$CI)}"
-echo "==> scripts/ensure-servers.sh (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test})"
-bash scripts/ensure-servers.sh
+echo "==> scripts/ensure-servers.sh --browser (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium)"
+bash scripts/ensure-servers.sh --browser
 
 echo "==> $(cargo --version)"
 echo "==> cargo build --all-targets"

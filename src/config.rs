@@ -57,6 +57,18 @@ pub struct Config {
     pub queues: BTreeMap<String, QueueConfig>,
     /// Named cron schedules; every worker runs them, each fire is enqueued once.
     pub cron: BTreeMap<String, crate::cron::CronConfig>,
+    pub dashboard: DashboardConfig,
+}
+
+/// The web dashboard a worker can serve. Off unless `listen` is set.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DashboardConfig {
+    /// Address to serve it on, e.g. `127.0.0.1:7435` (port 0 picks a free one).
+    pub listen: Option<String>,
+    /// With a token, those who give it may retry and discard jobs; without, the dashboard
+    /// is read-only.
+    pub admin_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -250,7 +262,15 @@ pub struct ConfigErrors(pub Vec<String>);
 
 /// Top-level sections an environment variable may set (others, like
 /// `JOBWARDEN_TEST_DATABASE_URL` or `JOBWARDEN_CONFIG`, are not configuration).
-const ENV_SECTIONS: [&str; 6] = ["database", "nats", "worker", "handler", "queues", "cron"];
+const ENV_SECTIONS: [&str; 7] = [
+    "database",
+    "nats",
+    "worker",
+    "handler",
+    "queues",
+    "cron",
+    "dashboard",
+];
 
 impl Config {
     /// Loads the file (if any) and the environment, then validates. `path` must exist when
@@ -412,6 +432,20 @@ impl Config {
                 w.api_listen
             ));
         }
+        if let Some(l) = &self.dashboard.listen {
+            if l.parse::<std::net::SocketAddr>().is_err() {
+                errs.push(format!(
+                    "dashboard.listen {l:?} is not an address like 127.0.0.1:7435"
+                ));
+            }
+        }
+        if matches!(&self.dashboard.admin_token, Some(t) if t.len() < 16) {
+            errs.push(
+                "dashboard.admin_token is shorter than 16 characters; use a long random one \
+                 (e.g. `openssl rand -hex 24`)"
+                    .to_string(),
+            );
+        }
         if w.ops_listen != "off" && w.ops_listen.parse::<std::net::SocketAddr>().is_err() {
             errs.push(format!(
                 "worker.ops_listen {:?} is not an address like 0.0.0.0:7434 (or \"off\")",
@@ -571,6 +605,9 @@ impl Config {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
         c.nats.url = redact_url(&c.nats.url);
+        if c.dashboard.admin_token.is_some() {
+            c.dashboard.admin_token = Some("****".into());
+        }
         toml_string(&c)
     }
 }

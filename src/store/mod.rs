@@ -6,12 +6,14 @@
 //! keepalives and timeouts can be set), with `search_path` set to the configured schema.
 
 mod cron;
+mod dashboard;
 mod flow;
 mod inspect;
 mod jobs;
 mod liveness;
 mod messages;
 mod ops;
+pub use dashboard::{JobFilter, JobSummary, QueueOverview, ScheduledJob};
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Reclaimed, Registration};
@@ -509,4 +511,16 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("job_cancel", include_str!("sql/job_cancel.sql")),
     ("job_purge_dead", include_str!("sql/job_purge_dead.sql")),
     ("job_stats", include_str!("sql/job_stats.sql")),
+    ("job_depth", include_str!("sql/job_depth.sql")),
+    ("workers_list", include_str!("sql/workers_list.sql")),
+    (
+        "dashboard_overview",
+        include_str!("sql/dashboard_overview.sql"),
+    ),
+    ("dashboard_jobs", include_str!("sql/dashboard_jobs.sql")),
+    (
+        "dashboard_scheduled",
+        include_str!("sql/dashboard_scheduled.sql"),
+    ),
+    ("job_discard_dead", include_str!("sql/job_discard_dead.sql")),
 ];

@@ -53,11 +53,25 @@ impl WorkerRow {
 impl Store {
     /// The running workers (with `all`, every one that ever ran), newest first.
     pub async fn workers(&self, all: bool, limit: i64) -> Result<Vec<WorkerRow>> {
+        self.workers_where(all, limit, None).await
+    }
+
+    /// One worker, stopped or not.
+    pub async fn worker(&self, id: &str) -> Result<Option<WorkerRow>> {
+        Ok(self.workers_where(true, 1, Some(id)).await?.pop())
+    }
+
+    async fn workers_where(
+        &self,
+        all: bool,
+        limit: i64,
+        id: Option<&str>,
+    ) -> Result<Vec<WorkerRow>> {
         let c = self.raw().await?;
         let st = c
             .prepare_cached(include_str!("sql/workers_list.sql"))
             .await?;
-        Ok(c.query(&st, &[&all, &limit])
+        Ok(c.query(&st, &[&all, &limit, &id])
             .await?
             .into_iter()
             .map(|r| WorkerRow {

@@ -25,6 +25,7 @@
 mod api;
 mod completer;
 mod cron;
+mod dashboard;
 mod executor;
 mod flow;
 mod heartbeat;
@@ -71,6 +72,8 @@ pub enum WorkerError {
     Api { addr: String, cause: String },
     #[error("metrics and probes cannot listen on {addr}: {cause}; set worker.ops_listen to a free address (port 0 picks one), or \"off\" to serve them on worker.api_listen only")]
     Ops { addr: String, cause: String },
+    #[error("dashboard cannot listen on {addr}: {cause}; set dashboard.listen to a free address (port 0 picks one), or remove it to turn the dashboard off")]
+    Dashboard { addr: String, cause: String },
     #[error("stopped before start-up finished")]
     Cancelled,
 }
@@ -287,6 +290,8 @@ pub struct RunningWorker {
     /// Where `/metrics`, `/livez` and `/readyz` are served (`None`: `ops_listen = "off"`;
     /// they are on `api_addr` too).
     pub ops_addr: Option<SocketAddr>,
+    /// Where the dashboard is served (`None`: off).
+    pub dashboard_addr: Option<SocketAddr>,
     pub stats: Arc<Stats>,
     pub store: Store,
     pub broker: Broker,
@@ -443,6 +448,21 @@ impl Worker {
             }
         };
         let ops_addr = ops.as_ref().map(|(_, a)| *a);
+        let dashboard = match config.dashboard.listen.as_deref() {
+            None => None,
+            Some(addr) => {
+                let dash_err = |e: std::io::Error| WorkerError::Dashboard {
+                    addr: addr.to_string(),
+                    cause: e.to_string(),
+                };
+                let l = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(dash_err)?;
+                let a = l.local_addr().map_err(dash_err)?;
+                Some((l, a))
+            }
+        };
+        let dashboard_addr = dashboard.as_ref().map(|(_, a)| *a);
         let stats = Arc::new(Stats::default());
         let (outbound, outbound_run) = Outbound::new(broker.client.clone(), stats.clone());
         let outbound_task = tokio::spawn(outbound_run);
@@ -507,12 +527,18 @@ impl Worker {
         if let Some((l, _)) = ops {
             background.spawn(api::serve_ops(l, shared.clone(), bc.clone()));
         }
+        if let Some((l, a)) = dashboard {
+            info!(url = %format!("http://{a}/"), admin = shared.config.dashboard.admin_token.is_some(),
+                  "dashboard listening");
+            background.spawn(dashboard::serve(l, shared.clone(), bc.clone()));
+        }
 
         Ok(RunningWorker {
             shared,
             id: worker_id,
             api_addr,
             ops_addr,
+            dashboard_addr,
             stats,
             store,
             broker,

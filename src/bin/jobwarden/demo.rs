@@ -36,6 +36,9 @@ pub struct DemoArgs {
     /// Use this nats-server (with JetStream) instead of starting a throwaway one.
     #[arg(long)]
     pub nats_url: Option<String>,
+    /// Keep the workers and the dashboard running after the summary, until Ctrl-C.
+    #[arg(long)]
+    pub hold: bool,
 }
 
 const PDF_SCRIPT: &str = r#"payload=$(cat)
@@ -95,20 +98,30 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
 
     let exe = std::env::current_exe()?;
+    // demo-0 serves the dashboard, with an admin token so retry and discard can be tried.
+    let dashboard = format!("127.0.0.1:{}", crate::testkit::free_port());
+    let token = format!("{:032x}", rand::random::<u128>());
     let spawn = |i: usize| -> Result<Child> {
-        Command::new(&exe)
-            .args(["--config", config_path.to_str().expect("utf-8 path"), "run"])
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--config", config_path.to_str().expect("utf-8 path"), "run"])
             .env("JOBWARDEN_WORKER__HOSTNAME", format!("demo-{i}"))
             .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting a worker process")
+            .stdin(Stdio::null());
+        if i == 0 {
+            cmd.env("JOBWARDEN_DASHBOARD__LISTEN", &dashboard)
+                .env("JOBWARDEN_DASHBOARD__ADMIN_TOKEN", &token);
+        }
+        cmd.spawn().context("starting a worker process")
     };
     let mut workers: Vec<Child> = (0..args.workers).map(spawn).collect::<Result<_>>()?;
     println!(
         "started {} workers (demo-0 … demo-{})",
         args.workers,
         args.workers - 1
+    );
+    println!(
+        "dashboard: http://{dashboard}/  (served by demo-0; admin token {token}; open it to watch the queues drain{})",
+        if args.hold { "" } else { ", or run with --hold to keep it up after the summary" }
     );
 
     // Publish like a producer in any language would: plain JSON to jobs.<queue>.
@@ -235,6 +248,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             j.max_attempts,
             j.last_error.unwrap_or_default()
         );
+    }
+    if args.hold {
+        println!(
+            "\nthe workers and the dashboard (http://{dashboard}/) keep running; Ctrl-C stops them"
+        );
+        tokio::signal::ctrl_c().await?;
     }
     for w in &mut workers {
         let _ = nix::sys::signal::kill(

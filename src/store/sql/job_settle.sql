@@ -26,11 +26,12 @@ done AS (
     FROM input i
     WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease
       AND j.status = 'processing'
-    RETURNING j.id, j.lease, j.attempts + i.refund AS attempt, j.started_at, i.outcome, i.error
+    RETURNING j.id, j.lease, j.attempts + i.refund AS attempt, j.started_at, i.outcome, i.error,
+              j.queue
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error)
-    SELECT id, lease, attempt, $1, started_at, outcome, error FROM done
+    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
+    SELECT id, lease, attempt, $1, started_at, outcome, error, queue FROM done
 ),
 late AS (
     INSERT INTO job_attempts (job_id, lease, attempt, worker_id, outcome, error)

@@ -1,0 +1,426 @@
+//! The dashboard in a real headless Chromium (Debian's `chromium`, driven by `chromedriver`
+//! over WebDriver): every view against real data from a running worker, numbers checked
+//! against SQL, a dead job retried from the dead-letter view and seen to complete, and the
+//! read-only mode. Screenshots go to `target/screenshots/`.
+
+mod common;
+
+use common::{wait_for, TestEnv};
+use fantoccini::{Client, ClientBuilder, Locator};
+use jobwarden::client::EnqueueOptions;
+use jobwarden::handler::{from_fn, JobError};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const TOKEN: &str = "dashboard-test-admin-token-0123";
+
+/// A chromedriver process on a free port, killed on drop.
+struct Driver {
+    child: Child,
+    port: u16,
+    profile: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A directory removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Driver {
+    /// `None` (with the reason printed) when Chromium or chromedriver is not installed:
+    /// `scripts/ensure-servers.sh` installs both.
+    fn start() -> Option<Driver> {
+        for bin in [CHROMIUM, CHROMEDRIVER] {
+            if !std::path::Path::new(bin).exists() {
+                eprintln!(
+                    "SKIPPED: {bin} is missing; install Debian's chromium and chromium-driver \
+                     (scripts/ensure-servers.sh does)"
+                );
+                return None;
+            }
+        }
+        let port = common::testkit::free_port();
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let profile = std::env::temp_dir().join(common::testkit::unique_name("chromium"));
+        std::fs::create_dir_all(&profile).unwrap();
+        Some(Driver {
+            child,
+            port,
+            profile: tempdir::Dir(profile),
+        })
+    }
+
+    /// A fresh headless browser (its own profile, so no cookie is shared).
+    async fn browser(&self, name: &str) -> Client {
+        let profile = self.profile.0.join(name);
+        let caps = json!({
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    "--window-size=1400,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ]
+            }
+        });
+        let caps: serde_json::Map<String, serde_json::Value> = caps.as_object().unwrap().clone();
+        // chromedriver speaks plain HTTP, but the client's connector wants a TLS provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let url = format!("http://127.0.0.1:{}", self.port);
+        for _ in 0..50 {
+            match ClientBuilder::rustls()
+                .expect("rustls")
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => return c,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        panic!("chromedriver on port {} never took a session", self.port);
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn sql_count(env: &TestEnv, sql: &str) -> i64 {
+    env.store
+        .raw()
+        .await
+        .unwrap()
+        .query_one(sql, &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The text at `css`; found again if the page replaced it meanwhile (the overview's rows
+/// are redrawn every 2 s).
+async fn text(b: &Client, css: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..10 {
+        match b.find(Locator::Css(css)).await {
+            Ok(e) => match e.text().await {
+                Ok(t) => return t,
+                Err(err) => last = err.to_string(),
+            },
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{css}: {last}");
+}
+
+async fn count(b: &Client, css: &str) -> usize {
+    b.find_all(Locator::Css(css)).await.unwrap().len()
+}
+
+async fn screenshot(b: &Client, name: &str) {
+    let png = b.screenshot().await.unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+}
+
+/// Waits until `cond` holds for the text at `css` (the page updates itself).
+async fn wait_text(b: &Client, css: &str, secs: u64, cond: impl Fn(&str) -> bool) -> String {
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let t = text(b, css).await;
+        if cond(&t) || std::time::Instant::now() > until {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from_it() {
+    let Some(driver) = Driver::start() else {
+        return;
+    };
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nhandler = {{ kind = \"rust\", name = \"ok\" }}\n\
+         [queues.email]\nmax_attempts = 1\nhandler = {{ kind = \"rust\", name = \"mail\" }}\n\
+         [cron.nightly]\nschedule = \"0 3 * * *\"\nqueue = \"work\"\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
+    ))
+    .await;
+    // The mail server refuses everything until it is "fixed".
+    let fixed = Arc::new(AtomicBool::new(false));
+    let f = fixed.clone();
+    let mail = from_fn(move |_job| {
+        let f = f.clone();
+        async move {
+            if f.load(Ordering::SeqCst) {
+                Ok(None)
+            } else {
+                Err(JobError::retry("550 mailbox unavailable"))
+            }
+        }
+    });
+    let ok = from_fn(|_job| async { Ok(Some(json!({"pages": 3}))) });
+    let worker = env.worker(&[("ok", ok), ("mail", mail)]).await;
+    let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
+    for i in 0..30 {
+        env.enqueue_id("work", &format!("report-{i:02}"), json!({"report": i}))
+            .await
+            .unwrap();
+    }
+    // Plain messages: the queue's max_attempts (1) applies.
+    for i in 0..3 {
+        env.publish_raw(
+            "email",
+            json!({"id": format!("mail-{i}"), "payload": {"to": format!("user{i}@example.com")}})
+                .to_string(),
+        )
+        .await;
+    }
+    let client = jobwarden::client::Client::new(env.store.clone(), env.broker.clone());
+    client
+        .enqueue(
+            "work",
+            json!({"later": true}),
+            EnqueueOptions {
+                id: Some("later-1".into()),
+                delay: Some(Duration::from_secs(3600)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(env.wait_count("completed", 30, 20).await);
+    assert!(env.wait_count("dead", 3, 20).await);
+
+    let b = driver.browser("admin").await;
+
+    // Overview: the numbers are the database's.
+    b.goto(&format!("{base}/")).await.unwrap();
+    let cell = |q: &str, f: &str| format!("td[data-queue='{q}'][data-field='{f}']");
+    let dead_sql = sql_count(
+        &env,
+        "SELECT count(*) FROM jobs WHERE queue = 'email' AND status = 'dead'",
+    )
+    .await;
+    assert_eq!(text(&b, &cell("email", "dead")).await, dead_sql.to_string());
+    let sched_sql = sql_count(
+        &env,
+        "SELECT count(*) FROM jobs WHERE queue = 'work' AND status = 'scheduled'",
+    )
+    .await;
+    assert_eq!(
+        text(&b, &cell("work", "scheduled")).await,
+        sched_sql.to_string()
+    );
+    assert_eq!(text(&b, &cell("work", "queued")).await, "0");
+    let done_1m = sql_count(
+        &env,
+        "SELECT count(*) FROM job_attempts WHERE queue = 'work' AND outcome = 'completed' \
+         AND finished_at > now() - interval '60 seconds'",
+    )
+    .await;
+    assert_eq!(done_1m, 30);
+    assert_eq!(
+        text(&b, &cell("work", "throughput")).await,
+        format!("{:.1}/s", done_1m as f64 / 60.0)
+    );
+    assert_eq!(text(&b, &cell("email", "failure_rate")).await, "100.0%");
+    assert_ne!(text(&b, &cell("work", "p50")).await, "–");
+    screenshot(&b, "overview").await;
+    // It updates live: a fourth dead mail appears without a reload.
+    env.publish_raw(
+        "email",
+        json!({"id": "mail-3", "payload": {"to": "user3@example.com"}}).to_string(),
+    )
+    .await;
+    assert!(env.wait_count("dead", 4, 20).await);
+    let live = wait_text(&b, &cell("email", "dead"), 10, |t| t == "4").await;
+    assert_eq!(live, "4", "the overview did not update by itself");
+
+    // Jobs: filtered by queue and status, and by text in the error.
+    b.goto(&format!("{base}/jobs?queue=work&status=completed"))
+        .await
+        .unwrap();
+    assert_eq!(count(&b, "#jobs tbody tr[data-id]").await, 30);
+    b.goto(&format!("{base}/jobs?q=550")).await.unwrap();
+    assert_eq!(count(&b, "#jobs tbody tr[data-id]").await, 4);
+    // A page holds 50: the 30 completed + 1 scheduled + 4 dead fit in one, so no next link;
+    // the filter form keeps the query.
+    assert_eq!(count(&b, "#next").await, 0);
+
+    // A job: status, every attempt, payload, and what it waits for.
+    b.find(Locator::Css("#jobs a[href='/jobs/mail-0']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&b, "dd[data-field='status']").await, "dead");
+    let attempts_sql = sql_count(
+        &env,
+        "SELECT count(*) FROM job_attempts WHERE job_id = 'mail-0'",
+    )
+    .await;
+    assert_eq!(count(&b, "#attempts tbody tr").await as i64, attempts_sql);
+    assert!(text(&b, "#attempts")
+        .await
+        .contains("550 mailbox unavailable"));
+    assert!(text(&b, "#payload").await.contains("user0@example.com"));
+    screenshot(&b, "job").await;
+    b.goto(&format!("{base}/jobs/report-00")).await.unwrap();
+    assert!(text(&b, "#result").await.contains("\"pages\": 3"));
+    b.goto(&format!("{base}/jobs/later-1")).await.unwrap();
+    let waiting = text(&b, "dd[data-field='waiting']").await;
+    assert!(waiting.contains("run_at"), "{waiting}");
+
+    // Workers: this worker, with its heartbeat.
+    b.goto(&format!("{base}/workers")).await.unwrap();
+    let row = format!("#workers tr[data-id='{}']", worker.id);
+    assert!(text(&b, &row).await.ends_with("alive"));
+    assert_eq!(
+        text(&b, &format!("{row} td[data-field='in_flight']")).await,
+        "0"
+    );
+
+    // Scheduled jobs and cron schedules with their next fires.
+    b.goto(&format!("{base}/scheduled")).await.unwrap();
+    assert_eq!(count(&b, "#scheduled tr[data-id='later-1']").await, 1);
+    let cron = text(&b, "#cron tr[data-id='nightly']").await;
+    assert!(
+        cron.contains("0 3 * * *") && cron.contains("T03:00:00Z"),
+        "{cron}"
+    );
+
+    // The dead-letter queue, as an admin: retry one, then all.
+    b.goto(&format!("{base}/dead?queue=email")).await.unwrap();
+    assert_eq!(
+        count(&b, "input[type='checkbox']").await,
+        0,
+        "read-only before login"
+    );
+    b.find(Locator::Css("input[name='token']"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    b.find(Locator::Css("header form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.goto(&format!("{base}/dead?queue=email")).await.unwrap();
+    assert_eq!(count(&b, "#jobs tbody tr[data-id]").await, 4);
+    fixed.store(true, Ordering::SeqCst);
+    b.find(Locator::Css("input[value='mail-0']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.find(Locator::Css("#retry-selected"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&b, "#msg").await, "1 dead job(s) retried");
+    screenshot(&b, "dead").await;
+    assert!(
+        env.wait_status("mail-0", "completed", 20).await,
+        "the retried job never completed"
+    );
+    b.goto(&format!("{base}/dead?queue=email")).await.unwrap();
+    assert_eq!(count(&b, "#jobs tbody tr[data-id]").await, 3);
+    b.find(Locator::Css("#retry-all"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&b, "#msg").await, "3 dead job(s) retried");
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            sql_count(
+                &env,
+                "SELECT count(*) FROM jobs WHERE queue = 'email' AND status = 'completed'",
+            )
+            .await
+                == 4
+        })
+        .await
+    );
+
+    // Discard: the dead job and its attempts are gone.
+    fixed.store(false, Ordering::SeqCst);
+    env.publish_raw(
+        "email",
+        json!({"id": "mail-9", "payload": {"to": "nobody@example.com"}}).to_string(),
+    )
+    .await;
+    assert!(env.wait_status("mail-9", "dead", 20).await);
+    b.goto(&format!("{base}/dead?queue=email")).await.unwrap();
+    b.find(Locator::Css("input[value='mail-9']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.find(Locator::Css("#discard-selected"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&b, "#msg").await, "1 dead job(s) discarded");
+    assert_eq!(
+        sql_count(&env, "SELECT count(*) FROM jobs WHERE id = 'mail-9'").await
+            + sql_count(
+                &env,
+                "SELECT count(*) FROM job_attempts WHERE job_id = 'mail-9'"
+            )
+            .await,
+        0
+    );
+
+    // Another visitor, without the token: read-only, and a forged POST is refused.
+    let guest = driver.browser("guest").await;
+    guest.goto(&format!("{base}/dead")).await.unwrap();
+    assert_eq!(count(&guest, "input[type='checkbox']").await, 0);
+    assert_eq!(count(&guest, "#retry-selected").await, 0);
+    guest.close().await.unwrap();
+    let forged = reqwest::Client::new()
+        .post(format!("{base}/dead/discard"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("queue=email&all=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    b.close().await.unwrap();
+    worker.shutdown().await;
+}
