@@ -424,3 +424,83 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
     b.close().await.unwrap();
     worker.shutdown().await;
 }
+
+/// The dashboard's statements against 10,000 jobs (and as many attempts), after ANALYZE:
+/// none reads a whole table (a text search in ids and errors is the one documented scan).
+#[tokio::test]
+async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    let c = env.store.raw().await.unwrap();
+    c.batch_execute(
+        "INSERT INTO jobs (id, queue, payload, status, attempts, max_attempts, last_error,
+                           scheduled_at, completed_at, updated_at)
+         SELECT 'job-' || lpad(g::text, 5, '0'), 'q' || (g % 8), '{}'::jsonb,
+                CASE WHEN g % 100 = 0 THEN 'dead' WHEN g % 100 = 1 THEN 'queued'
+                     WHEN g % 100 = 2 THEN 'scheduled' WHEN g % 100 = 3 THEN 'processing'
+                     ELSE 'completed' END,
+                1, 5, CASE WHEN g % 100 = 0 THEN 'boom ' || g END,
+                now() + (g % 60) * interval '1 minute',
+                now() - (g % 1440) * interval '1 minute', now() - g * interval '1 second'
+         FROM generate_series(1, 10000) g;
+         INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, finished_at,
+                                   outcome, queue)
+         SELECT 'job-' || lpad(g::text, 5, '0'), 1, 1, 'w', now() - g * interval '9 second',
+                now() - g * interval '9 second' + interval '5 ms', 'completed', 'q' || (g % 8)
+         FROM generate_series(10000, 1, -1) g;
+         ANALYZE jobs; ANALYZE job_attempts;",
+    )
+    .await
+    .unwrap();
+    let sql = |name: &str| {
+        jobwarden::store::ALL_SQL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .1
+    };
+    let none: Option<String> = None;
+    let q1 = Some("q1".to_string());
+    let dead = Some("dead".to_string());
+    let queued = Some("queued".to_string());
+    let first = String::new();
+    let limit = 50i64;
+    let cases: Vec<(&str, &str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>)> = vec![
+        ("overview", sql("dashboard_overview"), vec![]),
+        (
+            "jobs, first page",
+            sql("dashboard_jobs"),
+            vec![&none, &none, &none, &first, &limit],
+        ),
+        (
+            "jobs of a queue",
+            sql("dashboard_jobs"),
+            vec![&q1, &none, &none, &first, &limit],
+        ),
+        (
+            "dead jobs",
+            sql("dashboard_jobs"),
+            vec![&none, &dead, &none, &first, &limit],
+        ),
+        (
+            "queued jobs of a queue",
+            sql("dashboard_jobs"),
+            vec![&q1, &queued, &none, &first, &limit],
+        ),
+        ("scheduled", sql("dashboard_scheduled"), vec![&limit]),
+        ("depth", sql("job_depth"), vec![]),
+    ];
+    for (what, text, params) in cases {
+        let rows = c
+            .query(&format!("EXPLAIN {text}"), &params)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let plan: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+        let plan = plan.join("\n");
+        for table in ["jobs", "job_attempts"] {
+            assert!(
+                !plan.contains(&format!("Seq Scan on {table}")),
+                "{what} reads all of {table}:\n{plan}"
+            );
+        }
+    }
+}
