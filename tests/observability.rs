@@ -11,6 +11,20 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
+/// A handler whose jobs each wait for a permit of the returned gate.
+fn gated() -> (Arc<dyn jobwarden::Handler>, Arc<Semaphore>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let g = gate.clone();
+    let h = from_fn(move |_job| {
+        let g = g.clone();
+        async move {
+            g.acquire().await.unwrap().forget();
+            Ok(None)
+        }
+    });
+    (h, gate)
+}
+
 async fn scrape(addr: std::net::SocketAddr) -> Scrape {
     let resp = reqwest::get(format!("http://{addr}/metrics"))
         .await
@@ -89,15 +103,7 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
          [queues.held]\nconcurrency = 1\nhandler = { kind = \"rust\", name = \"wait\" }\n",
     )
     .await;
-    let gate = Arc::new(Semaphore::new(0));
-    let g = gate.clone();
-    let wait = from_fn(move |_job| {
-        let g = g.clone();
-        async move {
-            g.acquire().await.unwrap().forget();
-            Ok(None)
-        }
-    });
+    let (wait, gate) = gated();
     let ok = from_fn(|_job| async {
         tokio::time::sleep(Duration::from_millis(5)).await;
         Ok(None)
@@ -295,15 +301,7 @@ async fn workers_lists_each_worker_with_heartbeat_age_and_jobs_in_flight() {
         "[queues.held]\nconcurrency = 2\nhandler = { kind = \"rust\", name = \"wait\" }\n",
     )
     .await;
-    let gate = Arc::new(Semaphore::new(0));
-    let g = gate.clone();
-    let wait = from_fn(move |_job| {
-        let g = g.clone();
-        async move {
-            g.acquire().await.unwrap().forget();
-            Ok(None)
-        }
-    });
+    let (wait, gate) = gated();
     let worker = env.worker(&[("wait", wait)]).await;
     for i in 0..2 {
         env.publish_raw(

@@ -144,18 +144,4 @@ impl Store {
             })
             .collect())
     }
-
-    /// Discards dead jobs (by id, or every dead job of a queue); returns the ids discarded.
-    pub async fn job_discard_dead(
-        &self,
-        ids: Option<&[String]>,
-        queue: Option<&str>,
-    ) -> Result<Vec<String>> {
-        let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_discard_dead.sql"))
-            .await?;
-        let rows = c.query(&st, &[&ids, &queue]).await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
 }

@@ -95,10 +95,29 @@ impl Store {
         ids: Option<&[String]>,
         queue: Option<&str>,
     ) -> Result<Vec<String>> {
+        self.dead_jobs_do(include_str!("sql/job_retry_dead.sql"), ids, queue)
+            .await
+    }
+
+    /// Discards dead jobs (by id, or every dead job of a queue); returns the ids discarded.
+    pub async fn job_discard_dead(
+        &self,
+        ids: Option<&[String]>,
+        queue: Option<&str>,
+    ) -> Result<Vec<String>> {
+        self.dead_jobs_do(include_str!("sql/job_discard_dead.sql"), ids, queue)
+            .await
+    }
+
+    /// Runs an operator statement over dead jobs (`$1` ids, `$2` queue) returning their ids.
+    async fn dead_jobs_do(
+        &self,
+        sql: &str,
+        ids: Option<&[String]>,
+        queue: Option<&str>,
+    ) -> Result<Vec<String>> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_retry_dead.sql"))
-            .await?;
+        let st = c.prepare_cached(sql).await?;
         let rows = c.query(&st, &[&ids, &queue]).await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
