@@ -605,10 +605,13 @@ impl Config {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
         c.nats.url = redact_url(&c.nats.url);
-        if c.dashboard.admin_token.is_some() {
-            c.dashboard.admin_token = Some("****".into());
+        // Left out (a placeholder would not read back as a valid token), and said so.
+        let token = c.dashboard.admin_token.take().is_some();
+        let mut out = toml_string(&c);
+        if token {
+            out.push_str("\n# dashboard.admin_token is set (not shown)\n");
         }
-        toml_string(&c)
+        out
     }
 }
 
@@ -799,6 +802,24 @@ mod tests {
     }
 
     #[test]
+    fn dashboard_settings_are_checked() {
+        let bad = format!("{OK}\n[dashboard]\nlisten = \"localhost\"\nadmin_token = \"short\"\n");
+        let errs = Config::from_toml(&bad).unwrap_err().0;
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("dashboard.listen \"localhost\"")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("dashboard.admin_token is shorter than 16")),
+            "{errs:?}"
+        );
+        let ok = format!("{OK}\n[dashboard]\nlisten = \"127.0.0.1:0\"\n");
+        assert!(Config::from_toml(&ok).is_ok());
+    }
+
+    #[test]
     fn secrets_are_redacted() {
         assert_eq!(
             redact_url("postgres://app:hunter2@db:5432/x"),
@@ -807,8 +828,14 @@ mod tests {
         assert_eq!(redact_url("nats://tok@n:4222"), "nats://****@n:4222");
         let mut c = Config::from_toml(OK).unwrap();
         c.database.url = "postgres://app:hunter2@db/x".into();
+        c.dashboard.admin_token = Some("dashboard-secret-0123456789".into());
         let out = c.to_redacted_toml();
         assert!(!out.contains("hunter2"), "{out}");
+        assert!(!out.contains("dashboard-secret"), "{out}");
+        assert!(
+            out.contains("# dashboard.admin_token is set (not shown)"),
+            "{out}"
+        );
         assert!(out.contains("[queues.email]"), "{out}");
         // The printed configuration reads back as the same configuration.
         let back = Config::from_toml(&c.to_redacted_toml()).unwrap();
