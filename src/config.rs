@@ -446,6 +446,14 @@ impl Config {
                     .to_string(),
             );
         }
+        if matches!(&self.dashboard.admin_token, Some(t) if !t.chars().all(|c| c.is_ascii_graphic()))
+        {
+            errs.push(
+                "dashboard.admin_token may hold only visible ASCII characters (no spaces); \
+                 e.g. the output of `openssl rand -hex 24`"
+                    .to_string(),
+            );
+        }
         if w.ops_listen != "off" && w.ops_listen.parse::<std::net::SocketAddr>().is_err() {
             errs.push(format!(
                 "worker.ops_listen {:?} is not an address like 0.0.0.0:7434 (or \"off\")",
@@ -815,6 +823,9 @@ mod tests {
                 .any(|e| e.contains("dashboard.admin_token is shorter than 16")),
             "{errs:?}"
         );
+        let spaced = format!("{OK}\n[dashboard]\nadmin_token = \"a token with spaces in it\"\n");
+        let errs = Config::from_toml(&spaced).unwrap_err().0;
+        assert!(errs.iter().any(|e| e.contains("visible ASCII")), "{errs:?}");
         let ok = format!("{OK}\n[dashboard]\nlisten = \"127.0.0.1:0\"\n");
         assert!(Config::from_toml(&ok).is_ok());
     }

@@ -272,7 +272,7 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
     assert_eq!(count(&b, "#next").await, 0);
 
     // A job: status, every attempt, payload, and what it waits for.
-    b.find(Locator::Css("#jobs a[href='/jobs/mail-0']"))
+    b.find(Locator::Css("#jobs a[href='/job?id=mail-0']"))
         .await
         .unwrap()
         .click()
@@ -290,9 +290,9 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
         .contains("550 mailbox unavailable"));
     assert!(text(&b, "#payload").await.contains("user0@example.com"));
     screenshot(&b, "job").await;
-    b.goto(&format!("{base}/jobs/report-00")).await.unwrap();
+    b.goto(&format!("{base}/job?id=report-00")).await.unwrap();
     assert!(text(&b, "#result").await.contains("\"pages\": 3"));
-    b.goto(&format!("{base}/jobs/later-1")).await.unwrap();
+    b.goto(&format!("{base}/job?id=later-1")).await.unwrap();
     let waiting = text(&b, "dd[data-field='waiting']").await;
     assert!(waiting.contains("run_at"), "{waiting}");
 
@@ -421,6 +421,40 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
         .await
         .unwrap();
     assert_eq!(forged.status(), 403);
+    // The admin's cookie, but the request comes from another origin (a page on another port
+    // of this host is the same *site* for SameSite): refused. From the dashboard's own
+    // origin, the same request goes through.
+    let cookie = b.get_named_cookie("jobwarden_admin").await.unwrap();
+    assert!(
+        !cookie.value().contains(TOKEN),
+        "the cookie must not carry the token"
+    );
+    let host = base.trim_start_matches("http://");
+    let post = |origin: String| {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .post(format!("{base}/dead/retry"))
+            .header("cookie", format!("jobwarden_admin={}", cookie.value()))
+            .header("origin", origin)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("queue=email&all=1")
+            .send()
+    };
+    assert_eq!(
+        post("http://127.0.0.1:3000".into()).await.unwrap().status(),
+        403
+    );
+    let own = post(format!("http://{host}")).await.unwrap();
+    assert_eq!(own.status(), 303);
+    // A message in the URL is never shown: only the server's own words are.
+    b.goto(&format!(
+        "{base}/dead?msg=log+in+at+evil.example&done=bogus"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(count(&b, "#msg").await, 0);
     b.close().await.unwrap();
     worker.shutdown().await;
 }

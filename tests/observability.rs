@@ -201,6 +201,13 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
         0.0
     );
     assert!(has(&after, "jobwarden_overlapping_executions_total"));
+    for source in ["postgres", "nats"] {
+        assert_eq!(
+            value(&after, "jobwarden_queue_depth_up", &[("source", source)]),
+            1.0,
+            "{source}"
+        );
+    }
     assert!(has(&after, "jobwarden_rate_limit_waits_total"));
 
     // One slot, held: one job in flight, the other messages wait in the stream.
@@ -270,6 +277,12 @@ async fn readiness_turns_503_during_a_postgres_outage_and_on_drain_liveness_neve
         get(ops, "/livez").await.0,
         200,
         "liveness must not check servers"
+    );
+    let (status, metrics) = get(ops, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("jobwarden_queue_depth_up{source=\"postgres\"} 0"),
+        "{metrics}"
     );
 
     pg.start_again().unwrap();

@@ -133,15 +133,16 @@ impl Completer {
                 continue;
             }
             let m = &f.policy.metrics;
-            m.duration.observe(f.elapsed.as_secs_f64());
             if input.refund {
                 // Released at shutdown: nak so another worker starts it at once.
                 Stats::add(&stats.released, 1);
                 m.released.inc();
+                // Not a run time (stopped by the shutdown): left out of the histogram.
                 info!(job.id = %f.id, %queue, "job released (attempt not counted)");
                 shared.outbound.ack(&f.acker, AckKind::Nak(None));
                 continue;
             }
+            m.duration.observe(f.elapsed.as_secs_f64());
             match input.status {
                 JobStatus::Completed => {
                     Stats::add(&stats.completed, 1);

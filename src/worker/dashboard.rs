@@ -2,7 +2,7 @@
 //! CLI reads, every list paged and read through an index, assets inline (no CDN).
 //!
 //! - `/` overview per queue, refreshed every 2 s from `/fragments/overview`;
-//! - `/jobs` filter by queue, status and text in the id or last error; `/jobs/{id}` a job with
+//! - `/jobs` filter by queue, status and text in the id or last error; `/job?id=` a job with
 //!   its payload, every attempt, progress, owner and heartbeat, and what it waits for;
 //! - `/dead` the dead-letter queue, with retry and discard, one, several or a whole queue;
 //! - `/workers`, `/scheduled` (scheduled jobs and cron schedules with their next fires).
@@ -12,7 +12,7 @@
 
 use super::Shared;
 use crate::store::{JobFilter, JobSummary, QueueOverview};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -35,9 +35,9 @@ pub(crate) async fn serve(
         .route("/", get(overview))
         .route("/fragments/overview", get(overview_fragment))
         .route("/jobs", get(jobs))
-        .route("/jobs/{id}", get(job))
-        .route("/jobs/{id}/retry", post(job_retry))
-        .route("/jobs/{id}/cancel", post(job_cancel))
+        .route("/job", get(job))
+        .route("/job/retry", post(job_retry))
+        .route("/job/cancel", post(job_cancel))
         .route("/dead", get(dead))
         .route("/dead/retry", post(dead_retry))
         .route("/dead/discard", post(dead_discard))
@@ -105,10 +105,16 @@ fn is_admin(shared: &Shared, headers: &HeaderMap) -> bool {
         .filter_map(|kv| kv.trim().split_once('='))
         .find(|(k, _)| *k == COOKIE)
         .map(|(_, v)| v);
-    [bearer, cookie]
-        .into_iter()
-        .flatten()
-        .any(|given| same(given.as_bytes(), token.as_bytes()))
+    bearer.is_some_and(|b| same(b.as_bytes(), token.as_bytes()))
+        || cookie.is_some_and(|c| same(c.as_bytes(), session(token).as_bytes()))
+}
+
+/// The cookie an admin gets: a digest of the token, so the token itself never travels in
+/// cookies (which every service on the same host would receive).
+fn session(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(format!("jobwarden dashboard session\n{token}").as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Compares in time independent of where the inputs differ.
@@ -167,11 +173,57 @@ fn page(shared: &Shared, headers: &HeaderMap, nav: &str, title: &str, body: &str
     ))
 }
 
+/// What an action did, as a code and a count in the redirect's query (never free text from
+/// the URL, so nobody can put their own words in the banner).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Done {
+    Retried,
+    Discarded,
+    NotDead,
+    Cancelled,
+    AlreadyFinished,
+    NoneSelected,
+    NoQueue,
+    WrongToken,
+}
+
+const DONE: [(Done, &str); 8] = [
+    (Done::Retried, "retried"),
+    (Done::Discarded, "discarded"),
+    (Done::NotDead, "not-dead"),
+    (Done::Cancelled, "cancelled"),
+    (Done::AlreadyFinished, "finished"),
+    (Done::NoneSelected, "none-selected"),
+    (Done::NoQueue, "no-queue"),
+    (Done::WrongToken, "wrong-token"),
+];
+
+fn done_text(d: Done, n: u64) -> String {
+    match d {
+        Done::Retried => format!("{n} dead job(s) retried"),
+        Done::Discarded => format!("{n} dead job(s) discarded"),
+        Done::NotDead => "not retried: the job is not dead".into(),
+        Done::Cancelled => "cancelled".into(),
+        Done::AlreadyFinished => "not cancelled: the job had already finished".into(),
+        Done::NoneSelected => "select at least one job".into(),
+        Done::NoQueue => "pick a queue to act on all of its dead jobs".into(),
+        Done::WrongToken => "wrong admin token".into(),
+    }
+}
+
 fn flash(params: &HashMap<String, String>) -> String {
-    params
-        .get("msg")
-        .map(|m| format!("<div class=\"msg\" id=\"msg\">{}</div>", esc(m)))
-        .unwrap_or_default()
+    let Some(d) = params
+        .get("done")
+        .and_then(|c| DONE.iter().find(|(_, code)| code == c))
+        .map(|(d, _)| *d)
+    else {
+        return String::new();
+    };
+    let n = params.get("n").and_then(|n| n.parse().ok()).unwrap_or(0);
+    format!(
+        "<div class=\"msg\" id=\"msg\">{}</div>",
+        esc(&done_text(d, n))
+    )
 }
 
 fn failed(e: impl std::fmt::Display) -> Response {
@@ -264,7 +316,7 @@ fn job_rows(rows: &[JobSummary], check: bool) -> String {
     for j in rows {
         let _ = write!(
             out,
-            "<tr data-id=\"{id}\">{cb}<td><a href=\"/jobs/{uid}\">{id}</a></td><td>{queue}</td><td>{st}</td>\
+            "<tr data-id=\"{id}\">{cb}<td><a href=\"/job?id={uid}\">{id}</a></td><td>{queue}</td><td>{st}</td>\
              <td class=\"n\">{p}</td><td class=\"n\">{a}/{m}</td><td>{w}</td><td class=\"err\">{e}</td><td>{u}</td></tr>",
             cb = if check {
                 format!("<td><input type=\"checkbox\" name=\"id\" value=\"{}\" aria-label=\"select\"></td>", esc(&j.id))
@@ -380,9 +432,9 @@ async fn jobs(
 async fn job(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Path(id): Path<String>,
     Query(p): Query<HashMap<String, String>>,
 ) -> Response {
+    let id = p.get("id").cloned().unwrap_or_default();
     let store = &shared.store;
     let j = match store.job_get(&id).await {
         Ok(Some(j)) => j,
@@ -396,14 +448,32 @@ async fn job(
         }
         Err(e) => return failed(e),
     };
-    let attempts = store.job_attempts(&id).await.unwrap_or_default();
-    let waiting = store.job_explain(&id).await.ok().flatten();
+    // A part PostgreSQL did not answer is said to be missing, never shown as empty.
+    let mut missing: Vec<String> = Vec::new();
+    let mut note = |what: &str, e: crate::store::StoreError| {
+        warn!(job.id = %id, cause = %e, "dashboard: could not read the job's {what}");
+        missing.push(format!("{what}: {e}"));
+    };
+    let attempts = store.job_attempts(&id).await.unwrap_or_else(|e| {
+        note("attempts", e);
+        Vec::new()
+    });
+    let waiting = store.job_explain(&id).await.unwrap_or_else(|e| {
+        note("wait", e);
+        None
+    });
     let owner = match &j.worker_id {
-        Some(w) => store.worker(w).await.ok().flatten(),
+        Some(w) => store.worker(w).await.unwrap_or_else(|e| {
+            note("owner", e);
+            None
+        }),
         None => None,
     };
     let admin = is_admin(&shared, &headers);
     let mut b = flash(&p);
+    for m in &missing {
+        let _ = write!(b, "<div class=\"msg\">not read: {}</div>", esc(m));
+    }
     let _ = write!(
         b,
         "<dl id=\"job\"><dt>status</dt><dd data-field=\"status\">{}</dd><dt>queue</dt><dd>{}</dd>\
@@ -475,13 +545,13 @@ async fn job(
     }
     b.push_str("</dl>");
     if admin {
-        let uid = q(&id);
+        let eid = esc(&id);
         b.push_str("<div class=\"actions\">");
         if j.status == "dead" {
-            let _ = write!(b, "<form method=\"post\" action=\"/jobs/{uid}/retry\"><button id=\"retry\">Retry</button></form>");
+            let _ = write!(b, "<form method=\"post\" action=\"/job/retry\"><input type=\"hidden\" name=\"id\" value=\"{eid}\"><button id=\"retry\">Retry</button></form>");
         }
         if matches!(j.status.as_str(), "queued" | "scheduled" | "processing") {
-            let _ = write!(b, "<form method=\"post\" action=\"/jobs/{uid}/cancel\"><button class=\"danger\" id=\"cancel\">Cancel</button></form>");
+            let _ = write!(b, "<form method=\"post\" action=\"/job/cancel\"><input type=\"hidden\" name=\"id\" value=\"{eid}\"><button class=\"danger\" id=\"cancel\">Cancel</button></form>");
         }
         b.push_str("</div>");
     }
@@ -545,7 +615,8 @@ async fn dead(
         esc(f.text.as_deref().unwrap_or(""))
     );
     if admin {
-        let all = if queue.is_empty() {
+        // Acting on a whole queue ignores the text filter: offered only without one.
+        let all = if queue.is_empty() || f.text.is_some() {
             String::new()
         } else {
             format!(
@@ -617,7 +688,7 @@ async fn scheduled(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
     for s in &rows {
         let _ = write!(
             b,
-            "<tr data-id=\"{id}\"><td><a href=\"/jobs/{}\">{id}</a></td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
+            "<tr data-id=\"{id}\"><td><a href=\"/job?id={}\">{id}</a></td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{}/{}</td><td class=\"err\">{}</td></tr>",
             q(&s.id),
             esc(&s.queue),
@@ -691,38 +762,81 @@ fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn back(to: &str, msg: &str) -> Response {
+fn back(to: &str, done: Done, n: usize) -> Response {
     let sep = if to.contains('?') { '&' } else { '?' };
-    Redirect::to(&format!("{to}{sep}msg={}", q(msg))).into_response()
+    let code = DONE
+        .iter()
+        .find(|(d, _)| *d == done)
+        .map(|(_, c)| *c)
+        .unwrap_or("");
+    Redirect::to(&format!("{to}{sep}done={code}&n={n}")).into_response()
 }
 
-fn forbidden(shared: &Shared) -> Response {
-    let why = if shared.config.dashboard.admin_token.is_some() {
-        "log in with the admin token first"
-    } else {
-        "this dashboard is read-only: set dashboard.admin_token to allow retry, discard and cancel"
-    };
-    (StatusCode::FORBIDDEN, why).into_response()
+/// Why an action request is refused, if it is: no admin, or (for a browser) a request that
+/// another site made (SameSite cookies count every port of a host and every sibling
+/// subdomain as the same site, so the origin is checked too).
+fn refuse(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    if !is_admin(shared, headers) {
+        let why = if shared.config.dashboard.admin_token.is_some() {
+            "log in with the admin token first"
+        } else {
+            "this dashboard is read-only: set dashboard.admin_token to allow retry, discard and cancel"
+        };
+        return Some((StatusCode::FORBIDDEN, why).into_response());
+    }
+    if !same_origin(headers) {
+        warn!("dashboard: an action from another origin was refused");
+        return Some(
+            (
+                StatusCode::FORBIDDEN,
+                "refused: the request came from another origin",
+            )
+                .into_response(),
+        );
+    }
+    None
+}
+
+/// A browser's request from this dashboard's own pages (`Sec-Fetch-Site`, else `Origin`
+/// against `Host`); a request with neither (curl, scripts with the bearer token) passes.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site") {
+        return site == "same-origin" || site == "none";
+    }
+    match (get("origin"), get("host")) {
+        (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) == Some(host),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
+/// The job a job form names, and the page to go back to.
+fn job_target(body: &[u8]) -> (String, String) {
+    let f = form(body);
+    let id = field(&f, "id").unwrap_or_default().to_string();
+    let to = format!("/job?id={}", q(&id));
+    (id, to)
 }
 
 async fn job_retry(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Response {
-    if !is_admin(&shared, &headers) {
-        return forbidden(&shared);
+    if let Some(refused) = refuse(&shared, &headers) {
+        return refused;
     }
-    let to = format!("/jobs/{}", q(&id));
+    let (id, to) = job_target(&body);
     match shared
         .store
         .job_retry_dead(Some(std::slice::from_ref(&id)), None)
         .await
     {
-        Ok(ids) if ids.is_empty() => back(&to, "not retried: the job is not dead"),
+        Ok(ids) if ids.is_empty() => back(&to, Done::NotDead, 0),
         Ok(_) => {
             info!(job.id = %id, "dashboard: dead job retried");
-            back(&to, "retried: it runs again shortly")
+            back(&to, Done::Retried, 1)
         }
         Err(e) => failed(e),
     }
@@ -731,29 +845,29 @@ async fn job_retry(
 async fn job_cancel(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Response {
-    if !is_admin(&shared, &headers) {
-        return forbidden(&shared);
+    if let Some(refused) = refuse(&shared, &headers) {
+        return refused;
     }
-    let to = format!("/jobs/{}", q(&id));
+    let (id, to) = job_target(&body);
     match shared.store.job_cancel(&id).await {
         Ok(Some(was)) => {
-            info!(job.id = %id, "dashboard: job cancelled");
-            back(&to, &format!("cancelled (it was {was})"))
+            info!(job.id = %id, was = %was, "dashboard: job cancelled");
+            back(&to, Done::Cancelled, 1)
         }
-        Ok(None) => back(&to, "not cancelled: the job had already finished"),
+        Ok(None) => back(&to, Done::AlreadyFinished, 0),
         Err(e) => failed(e),
     }
 }
 
 /// The dead jobs a DLQ form names: the checked ids, or with `all`, every dead job of its queue.
-fn dead_selection(f: &[(String, String)]) -> Result<(Option<Vec<String>>, Option<String>), String> {
+fn dead_selection(f: &[(String, String)]) -> Result<(Option<Vec<String>>, Option<String>), Done> {
     let queue = field(f, "queue").map(str::to_string);
     if field(f, "all").is_some() {
         return match queue {
             Some(q) => Ok((None, Some(q))),
-            None => Err("pick a queue to act on all of its dead jobs".into()),
+            None => Err(Done::NoQueue),
         };
     }
     let ids: Vec<String> = f
@@ -762,7 +876,7 @@ fn dead_selection(f: &[(String, String)]) -> Result<(Option<Vec<String>>, Option
         .map(|(_, v)| v.clone())
         .collect();
     if ids.is_empty() {
-        return Err("select at least one job".into());
+        return Err(Done::NoneSelected);
     }
     Ok((Some(ids), None))
 }
@@ -773,8 +887,8 @@ async fn dead_action(
     body: &[u8],
     discard: bool,
 ) -> Response {
-    if !is_admin(&shared, &headers) {
-        return forbidden(&shared);
+    if let Some(refused) = refuse(&shared, &headers) {
+        return refused;
     }
     let f = form(body);
     let to = match field(&f, "queue") {
@@ -783,7 +897,7 @@ async fn dead_action(
     };
     let (ids, queue) = match dead_selection(&f) {
         Ok(s) => s,
-        Err(why) => return back(&to, &why),
+        Err(why) => return back(&to, why, 0),
     };
     let store = &shared.store;
     let done = if discard {
@@ -795,9 +909,13 @@ async fn dead_action(
     };
     match done {
         Ok(ids) => {
-            let verb = if discard { "discarded" } else { "retried" };
+            let (verb, done) = if discard {
+                ("discarded", Done::Discarded)
+            } else {
+                ("retried", Done::Retried)
+            };
             info!(jobs = ids.len(), "dashboard: dead jobs {verb}");
-            back(&to, &format!("{} dead job(s) {verb}", ids.len()))
+            back(&to, done, ids.len())
         }
         Err(e) => failed(e),
     }
@@ -826,14 +944,14 @@ async fn login(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Re
         Some(t) if same(given.as_bytes(), t.as_bytes()) => (
             [(
                 header::SET_COOKIE,
-                format!("{COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict"),
+                format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict", session(t)),
             )],
             Redirect::to("/"),
         )
             .into_response(),
         _ => {
             warn!("dashboard: a login with a wrong admin token");
-            back("/", "wrong admin token")
+            back("/", Done::WrongToken, 0)
         }
     }
 }

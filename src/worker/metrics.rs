@@ -45,14 +45,19 @@ struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Source {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Build {
     version: String,
     nats_server: String,
 }
 
 fn seconds_histogram() -> Histogram {
-    // 1 ms … ~9 h, doubling: short no-op jobs and hour-long analyses alike.
-    Histogram::new(exponential_buckets(0.001, 2.0, 25))
+    // 1 ms … ~9.3 h (0.001 × 2^25 s), doubling: short no-op jobs and hour-long analyses alike.
+    Histogram::new(exponential_buckets(0.001, 2.0, 26))
 }
 
 /// The families of per-queue metrics; each queue's handles point into them.
@@ -277,6 +282,10 @@ fn register_stats(r: &mut Registry, s: &Stats) {
 /// and delivered but unacked (jobs published by plain NATS clients have no row until a worker
 /// claims them, so this is the depth to autoscale on).
 async fn register_depth(r: &mut Registry, shared: &Shared) {
+    let up = Family::<Source, Gauge>::default();
+    let source = |s: &str| Source {
+        source: s.to_string(),
+    };
     let by_status = Family::<QueueStatus, Gauge>::default();
     match tokio::time::timeout(Duration::from_secs(5), shared.store.depth()).await {
         Ok(Ok(rows)) => {
@@ -300,9 +309,10 @@ async fn register_depth(r: &mut Registry, shared: &Shared) {
                 "Jobs in PostgreSQL by queue and status (queued, scheduled, processing, dead), cluster-wide",
                 by_status,
             );
+            up.get_or_create(&source("postgres")).set(1);
         }
-        Ok(Err(e)) => tracing::debug!(cause = %e, "metrics: queue depth not read from PostgreSQL"),
-        Err(_) => tracing::debug!("metrics: queue depth not read from PostgreSQL within 5 s"),
+        Ok(Err(e)) => tracing::warn!(cause = %e, "metrics: queue depth not read from PostgreSQL"),
+        Err(_) => tracing::warn!("metrics: queue depth not read from PostgreSQL within 5 s"),
     }
     let pending = Family::<QueueLabel, Gauge>::default();
     let unacked = Family::<QueueLabel, Gauge>::default();
@@ -333,16 +343,26 @@ async fn register_depth(r: &mut Registry, shared: &Shared) {
     }))
     .await;
     let mut any = false;
+    let asked = infos.len();
     let totals: HashMap<String, (u64, usize)> = infos
         .into_iter()
         .filter_map(|(q, s)| s.map(|s| (q, s)))
         .collect();
+    let totals_len = totals.len();
     for (queue, (p, a)) in totals {
         any = true;
         let q = QueueLabel { queue };
         pending.get_or_create(&q).set(p as i64);
         unacked.get_or_create(&q).set(a as i64);
     }
+    let complete = totals_len == asked;
+    let _ = up.get_or_create(&source("postgres"));
+    up.get_or_create(&source("nats")).set(i64::from(complete));
+    r.register(
+        "queue_depth_up",
+        "1 when this scrape read the queue depth from the source (postgres, nats), 0 when it did not answer (its depth series are then missing)",
+        up,
+    );
     if any {
         r.register(
             "queue_pending_messages",
