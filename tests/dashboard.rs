@@ -106,17 +106,6 @@ impl Drop for Driver {
     }
 }
 
-async fn sql_count(env: &TestEnv, sql: &str) -> i64 {
-    env.store
-        .raw()
-        .await
-        .unwrap()
-        .query_one(sql, &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// The text at `css`; found again if the page replaced it meanwhile (the overview's rows
 /// are redrawn every 2 s).
 async fn text(b: &Client, css: &str) -> String {
@@ -220,28 +209,24 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
     // Overview: the numbers are the database's.
     b.goto(&format!("{base}/")).await.unwrap();
     let cell = |q: &str, f: &str| format!("td[data-queue='{q}'][data-field='{f}']");
-    let dead_sql = sql_count(
-        &env,
-        "SELECT count(*) FROM jobs WHERE queue = 'email' AND status = 'dead'",
-    )
-    .await;
+    let dead_sql = env
+        .scalar("SELECT count(*) FROM jobs WHERE queue = 'email' AND status = 'dead'")
+        .await;
     assert_eq!(text(&b, &cell("email", "dead")).await, dead_sql.to_string());
-    let sched_sql = sql_count(
-        &env,
-        "SELECT count(*) FROM jobs WHERE queue = 'work' AND status = 'scheduled'",
-    )
-    .await;
+    let sched_sql = env
+        .scalar("SELECT count(*) FROM jobs WHERE queue = 'work' AND status = 'scheduled'")
+        .await;
     assert_eq!(
         text(&b, &cell("work", "scheduled")).await,
         sched_sql.to_string()
     );
     assert_eq!(text(&b, &cell("work", "queued")).await, "0");
-    let done_1m = sql_count(
-        &env,
-        "SELECT count(*) FROM job_attempts WHERE queue = 'work' AND outcome = 'completed' \
+    let done_1m = env
+        .scalar(
+            "SELECT count(*) FROM job_attempts WHERE queue = 'work' AND outcome = 'completed' \
          AND finished_at > now() - interval '60 seconds'",
-    )
-    .await;
+        )
+        .await;
     assert_eq!(done_1m, 30);
     assert_eq!(
         text(&b, &cell("work", "throughput")).await,
@@ -279,11 +264,9 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
         .await
         .unwrap();
     assert_eq!(text(&b, "dd[data-field='status']").await, "dead");
-    let attempts_sql = sql_count(
-        &env,
-        "SELECT count(*) FROM job_attempts WHERE job_id = 'mail-0'",
-    )
-    .await;
+    let attempts_sql = env
+        .scalar("SELECT count(*) FROM job_attempts WHERE job_id = 'mail-0'")
+        .await;
     assert_eq!(count(&b, "#attempts tbody tr").await as i64, attempts_sql);
     assert!(text(&b, "#attempts")
         .await
@@ -365,11 +348,8 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
     assert_eq!(text(&b, "#msg").await, "3 dead job(s) retried");
     assert!(
         wait_for(Duration::from_secs(20), || async {
-            sql_count(
-                &env,
-                "SELECT count(*) FROM jobs WHERE queue = 'email' AND status = 'completed'",
-            )
-            .await
+            env.scalar("SELECT count(*) FROM jobs WHERE queue = 'email' AND status = 'completed'")
+                .await
                 == 4
         })
         .await
@@ -398,12 +378,11 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
         .unwrap();
     assert_eq!(text(&b, "#msg").await, "1 dead job(s) discarded");
     assert_eq!(
-        sql_count(&env, "SELECT count(*) FROM jobs WHERE id = 'mail-9'").await
-            + sql_count(
-                &env,
-                "SELECT count(*) FROM job_attempts WHERE job_id = 'mail-9'"
-            )
-            .await,
+        env.scalar("SELECT count(*) FROM jobs WHERE id = 'mail-9'")
+            .await
+            + env
+                .scalar("SELECT count(*) FROM job_attempts WHERE job_id = 'mail-9'")
+                .await,
         0
     );
 

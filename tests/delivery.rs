@@ -451,12 +451,7 @@ async fn a_job_enqueued_for_a_queue_no_pod_serves_is_dead_lettered_once_not_copi
     assert!(job.last_error.unwrap_or_default().contains("newq"));
     // The job's own row holds it: no copy under the message id.
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let c = env.store.raw().await.unwrap();
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows = env.scalar("SELECT count(*) FROM jobs").await;
     assert_eq!(rows, 1, "the unserved message was kept as a second job");
     // Once a pod serves the queue, a retry runs it once.
     let mut cfg = env.config.clone();

@@ -246,12 +246,7 @@ async fn fifty_concurrent_enqueues_with_one_key_make_one_job_and_another_payload
         .map(|r| r.expect("same key, same payload: the existing job").id)
         .collect();
     assert_eq!(ids.len(), 1, "one key made {} jobs", ids.len());
-    let c = env.store.raw().await.unwrap();
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows = env.scalar("SELECT count(*) FROM jobs").await;
     assert_eq!(rows, 1);
     // The same key for another payload is another job: a clear error, nothing stored.
     let err = client
@@ -274,12 +269,7 @@ async fn fifty_concurrent_enqueues_with_one_key_make_one_job_and_another_payload
         .await
         .unwrap_err();
     assert!(err.to_string().contains(&format!("job id {id:?}")), "{err}");
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 1);
+    assert_eq!(env.scalar("SELECT count(*) FROM jobs").await, 1);
     // The CLI says so too, and fails.
     let out = env.cli(&[
         "enqueue",

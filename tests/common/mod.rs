@@ -151,6 +151,18 @@ impl TestEnv {
     }
 
     /// Count of jobs with `status`.
+    /// The one `int8` an SQL statement returns (e.g. a count).
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        self.store
+            .raw()
+            .await
+            .unwrap()
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+
     pub async fn count(&self, status: &str) -> i64 {
         let c = self.store.raw().await.unwrap();
         c.query_one("SELECT count(*) FROM jobs WHERE status = $1", &[&status])

@@ -304,8 +304,6 @@ struct NoopApp {
 
 impl NoopApp {
     async fn start(latencies: Arc<Mutex<Vec<u64>>>) -> Result<NoopApp> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let app = axum::Router::new().route(
             "/jobs",
             axum::routing::post(move |body: axum::body::Bytes| {
@@ -322,14 +320,20 @@ impl NoopApp {
                 }
             }),
         );
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(NoopApp {
-            url: format!("http://{addr}/jobs"),
-            _task: task,
-        })
+        let (url, task) = serve_local(app).await?;
+        Ok(NoopApp { url, _task: task })
     }
+}
+
+/// Serves a local application (with a `POST /jobs` route) on a free loopback port; returns
+/// the handler URL and the server task.
+pub async fn serve_local(app: axum::Router) -> Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok((format!("http://{addr}/jobs"), task))
 }
 
 #[cfg(test)]

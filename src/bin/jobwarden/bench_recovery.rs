@@ -141,8 +141,6 @@ async fn wait(starts: &Starts, n: usize, limit: Duration) -> Result<()> {
 
 /// An application that records each start and never answers (the job stays in flight).
 async fn hold_app(starts: Starts) -> Result<String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let app = axum::Router::new().route(
         "/jobs",
         axum::routing::post(move |body: axum::body::Bytes| {
@@ -162,8 +160,6 @@ async fn hold_app(starts: Starts) -> Result<String> {
             }
         }),
     );
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(format!("http://{addr}/jobs"))
+    // The server task runs for the rest of the bench.
+    Ok(crate::bench::serve_local(app).await?.0)
 }
