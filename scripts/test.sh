@@ -41,8 +41,8 @@ export PATH
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 echo "==> jobwarden tests in $PWD${CI:+ (CI=$CI)}"
-echo "==> scripts/ensure-servers.sh --browser (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium)"
-bash scripts/ensure-servers.sh --browser
+echo "==> scripts/ensure-servers.sh --browser --deploy-tools (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium, k8s/Dockerfile validators)"
+bash scripts/ensure-servers.sh --browser --deploy-tools
 
 echo "==> $(cargo --version)"
 echo "==> cargo build --all-targets"
