@@ -201,6 +201,60 @@ pub struct Broker {
     cfg: NatsConfig,
 }
 
+/// Adds the configured authentication and TLS to `opts`. Files are read now, so a missing or
+/// unreadable one is an error that names the setting and the file.
+async fn auth_options(
+    cfg: &NatsConfig,
+    mut opts: async_nats::ConnectOptions,
+) -> std::result::Result<async_nats::ConnectOptions, String> {
+    // async-nats builds its TLS configuration from rustls' process-wide provider: make it
+    // ring (the one this build uses), whatever else a program linking us enabled.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let readable = |key: &str, path: &str| -> std::result::Result<(), String> {
+        std::fs::File::open(path)
+            .map(|_| ())
+            .map_err(|e| format!("cannot read nats.{key} {path}: {e}"))
+    };
+    if let Some(path) = &cfg.credentials_file {
+        opts = opts
+            .credentials_file(path)
+            .await
+            .map_err(|e| format!("cannot read nats.credentials_file {path}: {e}"))?;
+    }
+    if let Some(path) = &cfg.nkey_seed_file {
+        let seed = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read nats.nkey_seed_file {path}: {e}"))?;
+        let seed = seed.trim();
+        // A user seed starts "SU"; say so rather than let the handshake fail obscurely.
+        if !seed.starts_with("SU") || seed.lines().count() != 1 {
+            return Err(format!(
+                "nats.nkey_seed_file {path} does not hold a user nkey seed (one line starting \
+                 \"SU\", as `nsc`/`nk -gen user` write it)"
+            ));
+        }
+        opts = opts.nkey(seed.to_string());
+    }
+    if let Some(token) = &cfg.token {
+        opts = opts.token(token.clone());
+    }
+    if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
+        opts = opts.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(ca) = &cfg.tls_ca_file {
+        readable("tls_ca_file", ca)?;
+        opts = opts.add_root_certificates(ca.into());
+    }
+    if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        readable("tls_cert_file", cert)?;
+        readable("tls_key_file", key)?;
+        opts = opts.add_client_certificate(cert.into(), key.into());
+    }
+    if cfg.tls_required {
+        opts = opts.require_tls(true);
+    }
+    Ok(opts)
+}
+
 impl Broker {
     /// Connects (the client reconnects by itself afterwards) and checks that JetStream answers.
     pub async fn connect(cfg: &NatsConfig) -> Result<Broker> {
@@ -209,15 +263,12 @@ impl Broker {
             .name("jobwarden")
             .connection_timeout(Duration::from_secs(5))
             .max_reconnects(None);
-        if let Some(path) = &cfg.credentials_file {
-            opts = opts
-                .credentials_file(path)
-                .await
-                .map_err(|e| BrokerError::Unreachable {
-                    url: redacted.clone(),
-                    cause: format!("cannot read nats.credentials_file {path}: {e}"),
-                })?;
-        }
+        opts = auth_options(cfg, opts)
+            .await
+            .map_err(|cause| BrokerError::Unreachable {
+                url: redacted.clone(),
+                cause,
+            })?;
         let client =
             opts.connect(cfg.url.as_str())
                 .await
@@ -247,6 +298,43 @@ impl Broker {
             js,
             cfg: cfg.clone(),
         })
+    }
+
+    /// How the connection authenticates and whether it is encrypted (never the secrets).
+    pub fn security_line(&self) -> String {
+        let c = &self.cfg;
+        let auth = if let Some(p) = &c.credentials_file {
+            format!("credentials file {p}")
+        } else if let Some(p) = &c.nkey_seed_file {
+            format!("nkey seed file {p}")
+        } else if c.token.is_some() {
+            "token".to_string()
+        } else if let Some(u) = &c.user {
+            format!("user {u} with password")
+        } else if c.url.contains('@') {
+            "credentials in the URL".to_string()
+        } else {
+            "none".to_string()
+        };
+        let tls = if self.client.server_info().tls_required
+            || c.tls_required
+            || c.url.starts_with("tls://")
+        {
+            let ca = c
+                .tls_ca_file
+                .as_deref()
+                .map(|p| format!(", CA {p}"))
+                .unwrap_or_else(|| ", CA from the system store".into());
+            let cert = c
+                .tls_cert_file
+                .as_deref()
+                .map(|p| format!(", client certificate {p}"))
+                .unwrap_or_default();
+            format!("on{ca}{cert}")
+        } else {
+            "off".to_string()
+        };
+        format!("NATS authentication: {auth}; TLS: {tls}")
     }
 
     /// The server's version, e.g. "2.9.10".

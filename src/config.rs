@@ -33,6 +33,13 @@ pub const DEFAULT_REAP_EVERY: Duration = Duration::from_secs(1);
 pub const DEFAULT_BROKER_LOST_AFTER: Duration = Duration::from_secs(15);
 pub const DEFAULT_SCHEDULER_EVERY: Duration = Duration::from_millis(250);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// What a drain needs beyond `worker.shutdown_grace`: up to 10 s to stop and release the jobs
+/// still running, up to 10 s for the last settles, and 10 s of margin. A pod's
+/// `terminationGracePeriodSeconds` must cover both, plus the application's own stop time.
+pub const DRAIN_OVERHEAD: Duration = Duration::from_secs(30);
+/// The pod's `terminationGracePeriodSeconds`, as the manifests pass it to the sidecar (the
+/// downward API cannot): the worker warns at start-up when `shutdown_grace` does not fit.
+pub const TERMINATION_GRACE_ENV: &str = "JOBWARDEN_POD_TERMINATION_GRACE_SECONDS";
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_CLAIM_BATCH: usize = 256;
 pub const DEFAULT_PULL_MAX_BYTES: usize = 8 * 1024 * 1024;
@@ -86,7 +93,20 @@ pub struct DatabaseConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
     pub url: String,
+    /// Authentication: one of a credentials file (JWT + nkey), an nkey seed file, a token,
+    /// or a user and password.
     pub credentials_file: Option<String>,
+    pub nkey_seed_file: Option<String>,
+    pub token: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// TLS: the CA that signed the server's certificate (PEM; default: the system store),
+    /// a client certificate and key for servers that verify clients, and whether TLS is
+    /// required even when the server does not ask for it (`tls://` URLs require it).
+    pub tls_ca_file: Option<String>,
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
+    pub tls_required: bool,
     pub stream: String,
     /// Jobs are published to `<subject_prefix>.<queue>`.
     pub subject_prefix: String,
@@ -205,6 +225,14 @@ impl Default for NatsConfig {
         NatsConfig {
             url: DEFAULT_NATS_URL.into(),
             credentials_file: None,
+            nkey_seed_file: None,
+            token: None,
+            user: None,
+            password: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_required: false,
             stream: DEFAULT_STREAM.into(),
             subject_prefix: DEFAULT_SUBJECT_PREFIX.into(),
             provision: true,
@@ -481,11 +509,41 @@ impl Config {
                 self.database.pool_size
             ));
         }
+        if let Err(e) = crate::store::tls::PgTls::split(&self.database.url) {
+            errs.push(format!("database.url: {e}"));
+        }
         if !n.url.starts_with("nats://") && !n.url.starts_with("tls://") {
             errs.push(format!(
                 "nats.url {:?} must start with nats:// or tls://",
                 redact_url(&n.url)
             ));
+        }
+        let auths: Vec<&str> = [
+            ("credentials_file", n.credentials_file.is_some()),
+            ("nkey_seed_file", n.nkey_seed_file.is_some()),
+            ("token", n.token.is_some()),
+            ("user", n.user.is_some() || n.password.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, set)| *set)
+        .map(|(k, _)| k)
+        .collect();
+        if auths.len() > 1 {
+            errs.push(format!(
+                "nats: {} are all set; a connection authenticates one way: keep one of \
+                 credentials_file, nkey_seed_file, token, or user and password",
+                auths.join(", ")
+            ));
+        }
+        if n.user.is_some() != n.password.is_some() {
+            errs.push("nats.user and nats.password go together: set both or neither".to_string());
+        }
+        if n.tls_cert_file.is_some() != n.tls_key_file.is_some() {
+            errs.push(
+                "nats.tls_cert_file and nats.tls_key_file go together: the client certificate \
+                 and its private key (PEM files)"
+                    .to_string(),
+            );
         }
         if n.stream.is_empty()
             || !n
@@ -608,16 +666,74 @@ impl Config {
             .or(self.handler.as_ref())
     }
 
+    /// A warning when a pod that gives this long between SIGTERM and SIGKILL
+    /// (`terminationGracePeriodSeconds`) cannot fit a drain.
+    pub fn termination_grace_warning(&self, grace: Duration) -> Option<String> {
+        let need = self.worker.shutdown_grace + DRAIN_OVERHEAD;
+        (grace < need).then(|| {
+            format!(
+                "terminationGracePeriodSeconds ({}) is shorter than a drain may take: \
+                 worker.shutdown_grace ({}) + {} to release and settle what is left = {}, plus \
+                 the application's own stop time; raise terminationGracePeriodSeconds to at least \
+                 {} or lower worker.shutdown_grace, or jobs still running are killed without \
+                 being given back (the heartbeat reaper takes them back after \
+                 worker.dead_after, and each loses an attempt)",
+                grace.as_secs(),
+                fmt_dur(self.worker.shutdown_grace),
+                fmt_dur(DRAIN_OVERHEAD),
+                fmt_dur(need),
+                need.as_secs()
+            )
+        })
+    }
+
+    /// [`Config::termination_grace_warning`] for the period in `JOBWARDEN_POD_TERMINATION_GRACE_SECONDS`,
+    /// or a warning that the variable cannot be read.
+    pub fn termination_grace_warning_from_env(&self) -> Option<String> {
+        let text = std::env::var(TERMINATION_GRACE_ENV).ok()?;
+        match text.trim().parse::<u64>() {
+            Ok(secs) => self.termination_grace_warning(Duration::from_secs(secs)),
+            Err(_) => Some(format!(
+                "{TERMINATION_GRACE_ENV}={text:?} is not a whole number of seconds; set it to \
+                 the pod's terminationGracePeriodSeconds, e.g. \"120\""
+            )),
+        }
+    }
+
     /// The effective configuration as TOML, with passwords and tokens replaced by `****`.
     pub fn to_redacted_toml(&self) -> String {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
         c.nats.url = redact_url(&c.nats.url);
-        // Left out (a placeholder would not read back as a valid token), and said so.
-        let token = c.dashboard.admin_token.take().is_some();
+        // Left out (a placeholder would not read back as a valid secret), and said so.
+        let hidden: Vec<&str> = [
+            (
+                "dashboard.admin_token",
+                c.dashboard.admin_token.take().is_some(),
+            ),
+            ("nats.token", c.nats.token.take().is_some()),
+            ("nats.password", c.nats.password.take().is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, set)| *set)
+        .map(|(k, _)| k)
+        .collect();
+        // A password without its user would not read back either: the user goes too.
+        let user = if hidden.contains(&"nats.password") {
+            c.nats.user.take()
+        } else {
+            None
+        };
         let mut out = toml_string(&c);
-        if token {
-            out.push_str("\n# dashboard.admin_token is set (not shown)\n");
+        let mut notes: Vec<String> = hidden
+            .iter()
+            .map(|key| format!("# {key} is set (not shown)"))
+            .collect();
+        if let Some(user) = user {
+            notes.push(format!("# nats.user = {user:?}"));
+        }
+        if !notes.is_empty() {
+            out.push_str(&format!("\n{}\n", notes.join("\n")));
         }
         out
     }
@@ -634,20 +750,53 @@ fn valid_ident(s: &str) -> bool {
         && s.len() <= 63
 }
 
-/// Replaces the password (or token) in a URL like `scheme://user:secret@host` with `****`.
+/// Replaces the password (or token) in a URL like `scheme://user:secret@host`, in a
+/// `password=` query parameter, or in a libpq `key=value` string, with `****`.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        // A libpq key=value string: hide the password entry (or everything, if it does not
+        // parse: it may hold one).
+        return match crate::store::tls::key_values(url) {
+            Ok(entries) => entries
+                .iter()
+                .map(|(k, _, raw)| {
+                    if k == "password" {
+                        "password=****".to_string()
+                    } else {
+                        raw.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            Err(_) => "(unparsable connection string)".into(),
+        };
     };
-    let Some((userinfo, host)) = rest.split_once('@') else {
-        return url.to_string();
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
     };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:****@{host}"),
-        None if scheme.starts_with("nats") || scheme == "tls" => {
-            format!("{scheme}://****@{host}")
-        }
-        None => url.to_string(),
+    let query = query.map(|q| {
+        q.split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=****"),
+                _ => p.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("&")
+    });
+    let redacted = match rest.rsplit_once('@') {
+        None => format!("{scheme}://{rest}"),
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:****@{host}"),
+            None if scheme.starts_with("nats") || scheme == "tls" => {
+                format!("{scheme}://****@{host}")
+            }
+            None => format!("{scheme}://{userinfo}@{host}"),
+        },
+    };
+    match query {
+        Some(q) => format!("{redacted}?{q}"),
+        None => redacted,
     }
 }
 
@@ -837,6 +986,18 @@ mod tests {
             "postgres://app:****@db:5432/x"
         );
         assert_eq!(redact_url("nats://tok@n:4222"), "nats://****@n:4222");
+        assert_eq!(
+            redact_url("host=db password='a b' user=app"),
+            "host=db password=**** user=app"
+        );
+        assert_eq!(
+            redact_url("postgres://db/x?user=app&password=hunter2&sslmode=require"),
+            "postgres://db/x?user=app&password=****&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://app:p@ss@db/x"),
+            "postgres://app:****@db/x"
+        );
         let mut c = Config::from_toml(OK).unwrap();
         c.database.url = "postgres://app:hunter2@db/x".into();
         c.dashboard.admin_token = Some("dashboard-secret-0123456789".into());

@@ -290,21 +290,50 @@ async fn readiness_turns_503_during_a_postgres_outage_and_on_drain_liveness_neve
     let ready = after.0 == 200;
     assert!(ready, "readyz after the outage: {after:?}");
 
-    let drained = reqwest::Client::new()
-        .post(format!("http://{}/v1/drain", worker.api_addr))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(drained.status(), 200);
-    assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
-    assert_eq!(get(ops, "/livez").await.0, 200);
-    // Drain and progress stay off the ops listener (it is reachable from outside the pod).
+    // Progress reports stay off the ops listener (it is reachable from outside the pod).
     let on_ops = reqwest::Client::new()
-        .post(format!("http://{ops}/v1/drain"))
+        .post(format!("http://{ops}/v1/jobs/x/progress?lease=1"))
+        .body("{}")
         .send()
         .await
         .unwrap();
     assert_eq!(on_ops.status(), 404);
+    // Drain as a Kubernetes preStop hook does it: a GET on the ops port.
+    let (status, body) = get(ops, "/v1/drain").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
+    assert_eq!(get(ops, "/livez").await.0, 200);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_prestop_drain_on_the_ops_port_answers_only_when_the_running_job_is_done() {
+    let env = TestEnv::new(
+        "[queues.held]\nconcurrency = 2\nhandler = { kind = \"rust\", name = \"wait\" }\n",
+    )
+    .await;
+    let (wait, gate) = gated();
+    let worker = env.worker(&[("wait", wait)]).await;
+    let ops = worker.ops_addr.expect("ops listener");
+    env.publish_raw("held", json!({"id": "d-1", "payload": {}}).to_string())
+        .await;
+    assert!(env.wait_status("d-1", "processing", 10).await);
+    let drain = tokio::spawn(async move { get(ops, "/v1/drain").await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !drain.is_finished(),
+        "the drain must wait for the running job"
+    );
+    assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
+    gate.add_permits(1);
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .expect("the drain answers once the job is done")
+        .unwrap();
+    assert_eq!(status, 200);
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report, json!({"finished": 1, "released": 0}));
+    assert_eq!(env.status_of("d-1").await.as_deref(), Some("completed"));
     worker.shutdown().await;
 }
 

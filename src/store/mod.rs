@@ -13,6 +13,7 @@ mod jobs;
 mod liveness;
 mod messages;
 mod ops;
+pub mod tls;
 pub use dashboard::{JobFilter, JobSummary, QueueOverview, ScheduledJob};
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
@@ -26,7 +27,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use std::str::FromStr;
 use std::time::Duration;
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod embedded {
     refinery::embed_migrations!("./migrations");
@@ -36,6 +37,8 @@ mod embedded {
 pub enum StoreError {
     #[error("PostgreSQL at {target} is unreachable: {cause}; check database.url and that the server is running")]
     Unreachable { target: String, cause: String },
+    #[error("PostgreSQL at {target}: the TLS handshake failed: {cause}; check database.url's sslmode and sslrootcert (the CA that signed the server's certificate), and that its host is a name the certificate was issued for (verify-full)")]
+    Tls { target: String, cause: String },
     #[error("PostgreSQL at {target} refused the connection: {reason}; check database.url (user, password, database name) and the server's pg_hba.conf")]
     Refused { target: String, reason: String },
     #[error("database error: {}", describe_db_error(.0))]
@@ -66,6 +69,32 @@ fn describe_db_error(e: &tokio_postgres::Error) -> String {
             s
         }
         None => e.to_string(),
+    }
+}
+
+/// A connection that failed before the server could say why: the network, or TLS (whose
+/// reason is in the error's sources, e.g. "invalid peer certificate: UnknownIssuer").
+fn unreachable(target: &str, e: &tokio_postgres::Error) -> StoreError {
+    let mut cause = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !cause.contains(&text) {
+            cause.push_str(": ");
+            cause.push_str(&text);
+        }
+        source = s.source();
+    }
+    if cause.contains("TLS") {
+        StoreError::Tls {
+            target: target.to_string(),
+            cause,
+        }
+    } else {
+        StoreError::Unreachable {
+            target: target.to_string(),
+            cause,
+        }
     }
 }
 
@@ -220,14 +249,21 @@ pub struct Store {
     target: String,
     /// How to open a connection of its own (LISTEN cannot use a pooled one).
     pg: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    /// The TLS settings, for the start-up log ("sslmode verify-full, CA /etc/ca.pem").
+    tls_line: String,
 }
 
 impl Store {
     /// Builds the pool and checks that the server answers.
     pub async fn connect(cfg: &DatabaseConfig) -> Result<Store> {
-        let mut pg = tokio_postgres::Config::from_str(&cfg.url).map_err(|e| {
+        let (url, tls) = tls::PgTls::split(&cfg.url).map_err(StoreError::BadUrl)?;
+        let mut pg = tokio_postgres::Config::from_str(&url).map_err(|e| {
             StoreError::BadUrl(format!("{e}; expected postgres://user@host:5432/db"))
         })?;
+        pg.ssl_mode(tls.pg_mode());
+        let tls_line = tls.describe();
+        let connector = tls.connector().map_err(StoreError::BadUrl)?;
         // Plans that do not depend on table statistics. A jobs table that grows fast is
         // often not analyzed yet; the planner, believing it tiny, then picks plans that are
         // quadratic in the batch size (a nested loop matching every batch row against every
@@ -252,7 +288,7 @@ impl Store {
         let target = describe_target(&pg);
         let mgr = Manager::from_config(
             pg.clone(),
-            NoTls,
+            connector.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -270,6 +306,8 @@ impl Store {
             schema: cfg.schema.clone(),
             target,
             pg,
+            tls: connector,
+            tls_line,
         };
         store.ping().await?;
         Ok(store)
@@ -281,14 +319,11 @@ impl Store {
     /// connection ends; open it again then.
     pub async fn listen_enqueues(&self) -> Result<tokio::sync::mpsc::Receiver<()>> {
         use futures::StreamExt;
-        let (client, mut conn) =
-            self.pg
-                .connect(NoTls)
-                .await
-                .map_err(|e| StoreError::Unreachable {
-                    target: self.target.clone(),
-                    cause: e.to_string(),
-                })?;
+        let (client, mut conn) = self
+            .pg
+            .connect(self.tls.clone())
+            .await
+            .map_err(|e| unreachable(&self.target, &e))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let schema = self.schema.clone();
         let driver = tokio::spawn(async move {
@@ -322,6 +357,11 @@ impl Store {
         &self.target
     }
 
+    /// The connection's TLS settings, e.g. "sslmode verify-full, CA /etc/ca.pem".
+    pub fn tls_line(&self) -> &str {
+        &self.tls_line
+    }
+
     pub fn schema(&self) -> &str {
         &self.schema
     }
@@ -329,10 +369,7 @@ impl Store {
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(err) if err.as_db_error().is_none() => {
-                StoreError::Unreachable {
-                    target: self.target.clone(),
-                    cause: err.to_string(),
-                }
+                unreachable(&self.target, &err)
             }
             // Starting up, shutting down, out of connections: a passing state, retried.
             deadpool_postgres::PoolError::Backend(err) if is_transient(&err) => {

@@ -10,6 +10,10 @@
 //!   `worker.shutdown_grace`, give back the rest; answers when done with
 //!   `{"finished": n, "released": m}`. The process keeps running (for a Kubernetes `preStop`
 //!   hook on the application container, so jobs stop before the application does).
+//! - `GET /v1/drain` — the same, on the ops listener too: a Kubernetes `preStop` hook can only
+//!   make a GET, and the kubelet reaches the pod's address, not its loopback. Anyone who can
+//!   reach the ops port can drain the worker: keep it inside the cluster (a NetworkPolicy in
+//!   `k8s/`); a drained worker takes no jobs until it restarts, and loses none.
 //! - `GET /livez` (and `/healthz`, its older name) — the process is alive (liveness: never
 //!   checks the servers, so an outage of either never restarts every pod).
 //! - `GET /readyz` — PostgreSQL answers with the schema this build needs, NATS is connected,
@@ -17,8 +21,8 @@
 //!   otherwise.
 //! - `GET /metrics` — Prometheus metrics (see [`super::metrics`]).
 //!
-//! The ops listener (`worker.ops_listen`, reachable from outside the pod) serves only the
-//! last three: progress reports and drain stay on the local address.
+//! The ops listener (`worker.ops_listen`, reachable from outside the pod) serves the probes,
+//! the metrics and `GET /v1/drain`; progress reports stay on the local address.
 
 use super::Shared;
 use crate::handler::Progress;
@@ -39,7 +43,6 @@ pub(crate) async fn serve(
 ) {
     let app = ops_routes()
         .route("/v1/jobs/{id}/progress", post(progress))
-        .route("/v1/drain", post(drain))
         .with_state(shared);
     let shutdown = async move { cancel.cancelled().await };
     if let Err(e) = axum::serve(listener, app)
@@ -72,6 +75,7 @@ fn ops_routes() -> Router<Arc<Shared>> {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
+        .route("/v1/drain", get(drain).post(drain))
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

@@ -378,8 +378,13 @@ impl Worker {
             ..config.database.clone()
         };
         let beat_store = retry_connect("PostgreSQL", &cancel, || Store::connect(&beat_db)).await?;
+        info!(target = %store.target(), "PostgreSQL connected ({})", store.tls_line());
         let broker = retry_connect("NATS", &cancel, || Broker::connect(&config.nats)).await?;
         info!("{}", broker.features_line());
+        info!("{}", broker.security_line());
+        if let Some(warning) = config.termination_grace_warning_from_env() {
+            warn!("{warning}");
+        }
         if config.worker.migrate {
             let applied = store.migrate().await?;
             info!(applied, schema = %store.schema(), "migrations up to date");
@@ -625,7 +630,11 @@ where
             Err(e) => {
                 let msg = e.to_string();
                 if msg.contains("is invalid")
-                    || msg.contains("credentials_file")
+                    || msg.contains("cannot read nats.")
+                    || msg.contains("does not hold a user nkey seed")
+                    || msg.contains("authorization violation")
+                    || msg.contains("invalid peer certificate")
+                    || msg.contains("server does not support TLS")
                     || msg.contains("refused the connection")
                     || msg.contains("needs a work-queue stream")
                     || msg.contains("one consumer per subject")

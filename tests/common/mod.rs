@@ -48,21 +48,28 @@ impl TestEnv {
 
     /// Like [`TestEnv::new`] against another PostgreSQL (a throwaway cluster).
     pub async fn with_database(database_url: &str, extra_toml: &str) -> TestEnv {
-        TestEnv::with_servers(database_url, "", extra_toml).await
+        TestEnv::with_servers(database_url, "", "", extra_toml).await
     }
 
     /// Like [`TestEnv::new`] with extra nats-server settings (e.g. `max_payload: 8192`).
     pub async fn with_nats_conf(nats_conf: &str, extra_toml: &str) -> TestEnv {
-        TestEnv::with_servers(&test_database_url(), nats_conf, extra_toml).await
+        TestEnv::with_servers(&test_database_url(), nats_conf, "", extra_toml).await
     }
 
-    async fn with_servers(database_url: &str, nats_conf: &str, extra_toml: &str) -> TestEnv {
+    /// The most general form: a PostgreSQL URL, extra nats-server settings, extra lines for
+    /// the `[nats]` section (authentication, TLS), and the rest of the configuration.
+    pub async fn with_servers(
+        database_url: &str,
+        nats_conf: &str,
+        nats_toml: &str,
+        extra_toml: &str,
+    ) -> TestEnv {
         init_logs();
         let nats = NatsServer::start_with_conf(nats_conf).expect("start nats-server");
         let schema = unique_name("t");
         let text = format!(
             "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n\
-             [nats]\nurl = \"{}\"\n\
+             [nats]\nurl = \"{}\"\n{nats_toml}\n\
              [worker]\napi_listen = \"127.0.0.1:0\"\nops_listen = \"127.0.0.1:0\"\nhostname = \"test\"\nscheduler_every = \"50ms\"\n\
              {extra_toml}",
             database_url,

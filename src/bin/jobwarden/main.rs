@@ -112,7 +112,12 @@ enum Command {
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Print the effective configuration (secrets redacted), or every error.
-    Check,
+    Check {
+        /// The pod's terminationGracePeriodSeconds, e.g. 120s: warn when worker.shutdown_grace
+        /// and the release after it do not fit (default: $JOBWARDEN_POD_TERMINATION_GRACE_SECONDS).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        termination_grace_period: Option<Duration>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -270,10 +275,19 @@ async fn real_main(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Config {
-            command: ConfigCommand::Check,
+            command: ConfigCommand::Check {
+                termination_grace_period,
+            },
         } => {
             let config = Config::load(path.as_deref())?;
             print!("{}", config.to_redacted_toml());
+            let warning = match termination_grace_period {
+                Some(grace) => config.termination_grace_warning(grace),
+                None => config.termination_grace_warning_from_env(),
+            };
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
             eprintln!("configuration is valid");
             Ok(())
         }

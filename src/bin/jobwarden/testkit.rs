@@ -395,6 +395,47 @@ impl PgCluster {
         self.start_again()
     }
 
+    /// Installs files the server reads (certificates, keys: owned by the server's user, mode
+    /// 0600, in the cluster dir), appends `conf` to postgresql.conf, replaces pg_hba.conf with
+    /// `hba` when given, and restarts the server. Returns the installed files' paths.
+    pub fn reconfigure(
+        &self,
+        files: &[(&str, &[u8])],
+        conf: &str,
+        hba: Option<&str>,
+    ) -> Result<Vec<PathBuf>> {
+        use std::os::unix::fs::PermissionsExt;
+        let owner = if self.as_root {
+            let user = nix::unistd::User::from_name("postgres")?
+                .ok_or_else(|| anyhow!("no `postgres` user"))?;
+            Some((user.uid.as_raw(), user.gid.as_raw()))
+        } else {
+            None
+        };
+        let mut paths = Vec::new();
+        for (name, bytes) in files {
+            let path = self.dir.join(name);
+            std::fs::write(&path, bytes).with_context(|| format!("write {}", path.display()))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+            }
+            paths.push(path);
+        }
+        let data = self.data_dir();
+        let mut text = std::fs::read_to_string(data.join("postgresql.conf"))?;
+        text.push('\n');
+        text.push_str(conf);
+        text.push('\n');
+        std::fs::write(data.join("postgresql.conf"), text)?;
+        if let Some(hba) = hba {
+            std::fs::write(data.join("pg_hba.conf"), hba)?;
+        }
+        self.run(self.pg_ctl(&["stop", "-m", "fast", "-w"]), "pg_ctl stop")?;
+        self.start_again()?;
+        Ok(paths)
+    }
+
     /// Stalls the whole server (postmaster and every backend) with SIGSTOP, like a host that
     /// hangs: connections stay open, nothing answers. [`PgCluster::resume`] continues it.
     pub fn pause(&self) -> Result<()> {
