@@ -400,10 +400,16 @@ fn container_env(container: &Value, pod_name: &str) -> Vec<(String, String)> {
 
 /// `jobwarden --config <file> config check`, with no JOBWARDEN_* variables but `envs`.
 fn config_check(file: &Path, envs: &[(String, String)]) -> Output {
+    config_check_with(file, envs, &[])
+}
+
+/// [`config_check`] with more arguments.
+fn config_check_with(file: &Path, envs: &[(String, String)], args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobwarden"));
     cmd.arg("--config")
         .arg(file)
         .args(["config", "check"])
+        .args(args)
         .current_dir(file.parent().unwrap())
         .stdin(Stdio::null());
     for (k, _) in std::env::vars() {
@@ -615,10 +621,12 @@ fn configmap_passes_config_check_with_each_pods_environment() {
                     format!("{}/{CONFIG_KEY}", mount["mountPath"].as_str().unwrap()),
                     "{what}: JOBWARDEN_CONFIG is not the mounted {CONFIG_KEY}"
                 );
+                // With the sidecar's JOBWARDEN_POD_TERMINATION_GRACE_SECONDS, config check
+                // also warns when the drain does not fit the pod's grace period.
                 let out = config_check(&file, &container_env(c, "jobwarden-0"));
                 assert!(
-                    out.status.success(),
-                    "{what}: `jobwarden config check` fails:\n{}",
+                    out.status.success() && !text(&out).contains("warning"),
+                    "{what}: `jobwarden config check` fails or warns:\n{}",
                     text(&out)
                 );
             }
@@ -651,6 +659,35 @@ fn a_misspelt_key_in_the_configmap_fails_config_check() {
             text(&out)
         );
     }
+}
+
+#[test]
+fn the_configmaps_commented_out_nats_tls_settings_are_valid_when_turned_on() {
+    let Some(r) = render("k8s/base") else {
+        return;
+    };
+    let (_, toml_text) = config_map(r);
+    let mut turned_on = 0;
+    let text_on: String = toml_text
+        .lines()
+        .map(|l| match l.strip_prefix("# tls_") {
+            Some(rest) if rest.contains(" = ") => {
+                turned_on += 1;
+                format!("tls_{rest}\n")
+            }
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    assert!(turned_on >= 3, "the ConfigMap's TLS examples are gone");
+    let dir = TempDir::new();
+    let file = dir.0.join(CONFIG_KEY);
+    std::fs::write(&file, text_on).unwrap();
+    let out = config_check(&file, &[]);
+    assert!(
+        out.status.success(),
+        "the ConfigMap's commented-out TLS settings fail config check:\n{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -756,6 +793,24 @@ fn termination_grace_matches_the_sidecars_env_and_covers_shutdown_grace_plus_30s
             "{}: terminationGracePeriodSeconds {grace} < worker.shutdown_grace {shutdown_grace:?} + 30 s",
             r.dir
         );
+        // The binary's own check (`config check --termination-grace-period`) agrees: quiet
+        // at the pod's value, a warning 1 s below what the drain needs.
+        let (_, toml_text) = config_map(r);
+        let dir = TempDir::new();
+        let file = dir.0.join(CONFIG_KEY);
+        std::fs::write(&file, toml_text).unwrap();
+        let too_short = (shutdown_grace + AFTER_GRACE).as_secs() - 1;
+        for (secs, warns) in [(grace, false), (too_short, true)] {
+            let period = format!("{secs}s");
+            let out = config_check_with(&file, &[], &["--termination-grace-period", &period]);
+            assert!(
+                out.status.success() && text(&out).contains("warning") == warns,
+                "{}: config check --termination-grace-period {period} should {}warn:\n{}",
+                r.dir,
+                if warns { "" } else { "not " },
+                text(&out)
+            );
+        }
     }
 }
 
