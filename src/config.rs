@@ -718,20 +718,11 @@ impl Config {
         .filter(|(_, set)| *set)
         .map(|(k, _)| k)
         .collect();
-        // A password without its user would not read back either: the user goes too.
-        let user = if hidden.contains(&"nats.password") {
-            c.nats.user.take()
-        } else {
-            None
-        };
         let mut out = toml_string(&c);
-        let mut notes: Vec<String> = hidden
+        let notes: Vec<String> = hidden
             .iter()
             .map(|key| format!("# {key} is set (not shown)"))
             .collect();
-        if let Some(user) = user {
-            notes.push(format!("# nats.user = {user:?}"));
-        }
         if !notes.is_empty() {
             out.push_str(&format!("\n{}\n", notes.join("\n")));
         }

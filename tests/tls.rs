@@ -5,7 +5,7 @@
 mod common;
 
 use common::testkit::{NatsServer, PgCluster};
-use common::{test_database_url, wait_for, TestEnv};
+use common::{test_database_url, TestEnv};
 use jobwarden::config::DatabaseConfig;
 use jobwarden::handler::from_fn;
 use jobwarden::store::Store;
@@ -583,5 +583,4 @@ async fn nats_nkeys_and_tokens_authenticate() {
         .unwrap()
         .to_string();
     assert!(err.contains("authorization violation"), "{err}");
-    assert!(wait_for(Duration::from_secs(1), || async { true }).await);
 }

@@ -47,6 +47,12 @@ pub enum StoreError {
     Pool(String),
     #[error("migration failed: {0}")]
     Migrate(String),
+    #[error("schema {schema} is at migration {have}, this build needs {need}: run `jobwarden migrate` (a role allowed to migrate), or set worker.migrate = true")]
+    SchemaBehind {
+        schema: String,
+        have: i32,
+        need: i32,
+    },
     #[error("database.url is invalid: {0}")]
     BadUrl(String),
     /// A fenced write matched no row: the job was taken from this owner.

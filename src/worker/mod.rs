@@ -388,6 +388,21 @@ impl Worker {
         if config.worker.migrate {
             let applied = store.migrate().await?;
             info!(applied, schema = %store.schema(), "migrations up to date");
+        } else {
+            // Another process migrates (a Kubernetes Job, a deploy step), maybe right now:
+            // wait for it rather than fail on a missing table.
+            let need = Store::required_version();
+            retry_connect("the schema", &cancel, || async {
+                match store.schema_version().await? {
+                    v if v >= need => Ok(v),
+                    have => Err(crate::store::StoreError::SchemaBehind {
+                        schema: store.schema().to_string(),
+                        have,
+                        need,
+                    }),
+                }
+            })
+            .await?;
         }
         // Provisioning can fail for a while (the server is restarting, an operator is
         // re-creating the stream, a consumer is being created elsewhere at the same moment):
