@@ -213,6 +213,18 @@ async fn connect(url: &str) -> Result<Store, String> {
     .map_err(|e| e.to_string())
 }
 
+/// Why a connection that must fail failed.
+async fn refused(url: &str) -> String {
+    connect(url).await.err().expect("the connection must fail")
+}
+
+async fn broker_refused(cfg: &jobwarden::config::NatsConfig) -> String {
+    match jobwarden::broker::Broker::connect(cfg).await {
+        Ok(_) => panic!("the NATS connection must fail"),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// Whether the store's connection is encrypted, as the server sees it.
 async fn encrypted(store: &Store) -> bool {
     let c = store.raw().await.unwrap();
@@ -234,10 +246,7 @@ async fn postgres_sslmodes_check_the_server_as_libpq_does() {
     let other_ca = other.ca();
 
     // disable: plain, which this server refuses.
-    let err = connect(&pg.url("postgres", "sslmode=disable"))
-        .await
-        .err()
-        .unwrap();
+    let err = refused(&pg.url("postgres", "sslmode=disable")).await;
     assert!(err.contains("no encryption"), "{err}");
 
     // prefer (the default) and require: encrypted, certificate unchecked.
@@ -254,25 +263,21 @@ async fn postgres_sslmodes_check_the_server_as_libpq_does() {
     );
     let store = connect(&by_ip).await.unwrap();
     assert!(encrypted(&store).await);
-    let err = connect(&pg.url(
+    let err = refused(&pg.url(
         "postgres",
         &format!("sslmode=verify-ca&sslrootcert={}", other_ca.display()),
     ))
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert!(
         err.contains("UnknownIssuer"),
         "another CA is not trusted: {err}"
     );
     // require with a CA file checks like verify-ca (libpq's rule).
-    let err = connect(&pg.url(
+    let err = refused(&pg.url(
         "postgres",
         &format!("sslmode=require&sslrootcert={}", other_ca.display()),
     ))
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert!(err.contains("UnknownIssuer"), "{err}");
 
     // verify-full: the chain and the name.
@@ -280,19 +285,13 @@ async fn postgres_sslmodes_check_the_server_as_libpq_does() {
         .await
         .unwrap();
     assert!(encrypted(&store).await);
-    let err = connect(&by_ip.replace("verify-ca", "verify-full"))
-        .await
-        .err()
-        .unwrap();
+    let err = refused(&by_ip.replace("verify-ca", "verify-full")).await;
     assert!(
         err.contains("not valid for name \"127.0.0.1\""),
         "the name must match: {err}"
     );
     // Without sslrootcert, the system's store is trusted, and it does not know the test CA.
-    let err = connect(&pg.url("postgres", "sslmode=verify-full"))
-        .await
-        .err()
-        .unwrap();
+    let err = refused(&pg.url("postgres", "sslmode=verify-full")).await;
     assert!(err.contains("UnknownIssuer"), "{err}");
     // The libpq key=value form takes the same settings.
     let kv = format!(
@@ -337,20 +336,18 @@ async fn postgres_client_certificates_and_passwords_authenticate_over_tls() {
         .unwrap()
         .get(0);
     assert_eq!(who, "app");
-    let err = connect(&pg.url(
+    let err = refused(&pg.url(
         "app",
         &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
     ))
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert!(
         err.contains("certificate"),
         "no client certificate, no login: {err}"
     );
     // A certificate for another name does not log in as app.
     let other = pg.pki.issue("other", "someone-else", "DNS:x");
-    let err = connect(&pg.url(
+    let err = refused(&pg.url(
         "app",
         &format!(
             "sslmode=require&sslcert={}&sslkey={}",
@@ -358,15 +355,10 @@ async fn postgres_client_certificates_and_passwords_authenticate_over_tls() {
             other.key.display()
         ),
     ))
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert!(err.contains("certificate authentication failed"), "{err}");
     // A missing key file is named.
-    let err = connect(&with_cert.replace("app.key", "missing.key"))
-        .await
-        .err()
-        .unwrap();
+    let err = refused(&with_cert.replace("app.key", "missing.key")).await;
     assert!(
         err.contains("sslkey") && err.contains("missing.key"),
         "{err}"
@@ -377,10 +369,7 @@ async fn postgres_client_certificates_and_passwords_authenticate_over_tls() {
         .url("pw", "sslmode=require")
         .replace("pw@", "pw:pg-s3cret-pw@");
     connect(&pw).await.unwrap();
-    let err = connect(&pw.replace("pg-s3cret-pw", "wrong-pw-123"))
-        .await
-        .err()
-        .unwrap();
+    let err = refused(&pw.replace("pg-s3cret-pw", "wrong-pw-123")).await;
     assert!(err.contains("password authentication failed"), "{err}");
     assert!(!err.contains("wrong-pw-123"), "{err}");
 }
@@ -501,11 +490,7 @@ async fn nats_over_tls_with_a_client_certificate_a_password_and_least_privilege(
     let mut cfg = env.config.nats.clone();
     // A wrong password is refused, named, and not shown.
     cfg.password = Some("wrong-nats-pw".into());
-    let err = jobwarden::broker::Broker::connect(&cfg)
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = broker_refused(&cfg).await;
     assert!(err.contains("authorization violation"), "{err}");
     assert!(!err.contains("wrong-nats-pw"), "{err}");
     // Without a client certificate the server refuses the handshake.
@@ -517,20 +502,12 @@ async fn nats_over_tls_with_a_client_certificate_a_password_and_least_privilege(
     let other = Pki::new("other");
     let mut cfg = env.config.nats.clone();
     cfg.tls_ca_file = Some(other.ca().display().to_string());
-    let err = jobwarden::broker::Broker::connect(&cfg)
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = broker_refused(&cfg).await;
     assert!(err.to_lowercase().contains("certificate"), "{err}");
     // A missing file is named.
     let mut cfg = env.config.nats.clone();
     cfg.tls_ca_file = Some("/nonexistent/ca.pem".into());
-    let err = jobwarden::broker::Broker::connect(&cfg)
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = broker_refused(&cfg).await;
     assert!(
         err.contains("nats.tls_ca_file /nonexistent/ca.pem"),
         "{err}"
@@ -553,19 +530,11 @@ async fn nats_nkeys_and_tokens_authenticate() {
     // Another key is refused.
     let stranger = nkeys::KeyPair::new_user();
     std::fs::write(&seed_file, stranger.seed().unwrap()).unwrap();
-    let err = jobwarden::broker::Broker::connect(&env.config.nats)
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = broker_refused(&env.config.nats).await;
     assert!(err.contains("authorization violation"), "{err}");
     // A file that holds something else is named.
     std::fs::write(&seed_file, "not a seed").unwrap();
-    let err = jobwarden::broker::Broker::connect(&env.config.nats)
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = broker_refused(&env.config.nats).await;
     assert!(err.contains("does not hold a user nkey seed"), "{err}");
     let _ = std::fs::remove_file(&seed_file);
 
@@ -577,10 +546,6 @@ async fn nats_nkeys_and_tokens_authenticate() {
     let broker = jobwarden::broker::Broker::connect(&cfg).await.unwrap();
     assert!(broker.security_line().contains("authentication: token"));
     cfg.token = Some("wrong".into());
-    let err = jobwarden::broker::Broker::connect(&cfg)
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = broker_refused(&cfg).await;
     assert!(err.contains("authorization violation"), "{err}");
 }

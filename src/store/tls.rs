@@ -20,7 +20,6 @@
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
@@ -209,23 +208,23 @@ impl PgTls {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS set-up failed: {e}"))?;
-        let verifier: Arc<dyn ServerCertVerifier> = match self.effective_mode() {
-            SslMode::Disable | SslMode::Prefer | SslMode::Require => {
-                Arc::new(EncryptOnly(provider.clone()))
-            }
-            mode => {
-                let roots = self.roots()?;
-                let webpki =
-                    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                        .build()
-                        .map_err(|e| format!("TLS set-up failed: {e}"))?;
-                if mode == SslMode::VerifyCa {
-                    Arc::new(AnyHostName(webpki))
-                } else {
-                    webpki
-                }
-            }
+        let mode = self.effective_mode();
+        let chain = match mode {
+            SslMode::Disable | SslMode::Prefer | SslMode::Require => None,
+            SslMode::VerifyCa | SslMode::VerifyFull => Some(
+                WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(self.roots()?),
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| format!("TLS set-up failed: {e}"))?,
+            ),
         };
+        let verifier = Arc::new(Verifier {
+            chain,
+            check_name: mode == SslMode::VerifyFull,
+            algorithms: provider.signature_verification_algorithms,
+        });
         let builder = builder
             .dangerous()
             .with_custom_certificate_verifier(verifier);
@@ -300,11 +299,19 @@ fn read_certs(path: &std::path::Path, what: &str) -> Result<Vec<CertificateDer<'
     Ok(certs)
 }
 
-/// `sslmode=verify-ca`: the chain must lead to a trusted CA; the name is not checked.
+/// How a mode checks the server's certificate: `prefer`/`require` not at all (libpq's
+/// meaning: encrypted, unauthenticated), `verify-ca` the chain, `verify-full` the chain and
+/// the name. The handshake's signatures are verified in every mode, so the session key is
+/// the certificate holder's.
 #[derive(Debug)]
-struct AnyHostName(Arc<WebPkiServerVerifier>);
+struct Verifier {
+    /// The chain check; none for `prefer`/`require`.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    check_name: bool,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
 
-impl ServerCertVerifier for AnyHostName {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -313,14 +320,14 @@ impl ServerCertVerifier for AnyHostName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
         // The chain is checked before the name: a name error means the chain was good.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -331,7 +338,7 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -340,61 +347,11 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `sslmode=prefer|require`: encrypted, the certificate not checked (libpq's meaning). The
-/// handshake's signatures are still verified, so the session key is the certificate holder's.
-#[derive(Debug)]
-struct EncryptOnly(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
