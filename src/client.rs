@@ -40,6 +40,54 @@ pub struct EnqueueOptions {
     pub idempotency_key: Option<String>,
     /// Overrides the queue's backoff for this job.
     pub backoff: Option<crate::backoff::Backoff>,
+    /// Jobs that must all complete before this one runs (it waits as `waiting`). A dead
+    /// parent makes this job dead too, a cancelled one cancels it.
+    pub depends_on: Vec<String>,
+    /// Jobs created when this one completes (each may have its own `then`).
+    pub then: Vec<Then>,
+}
+
+/// A job to create when its parent completes: the `then` of an enqueue.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Then {
+    pub queue: String,
+    pub payload: Value,
+    /// Default: `<parent id>.<n>` (n from 1), so it is created once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i16>,
+    /// Default 5 (as SQL `enqueue()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Wait this long after the parent completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<crate::backoff::Backoff>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<Then>,
+}
+
+impl Then {
+    pub fn new(queue: &str, payload: Value) -> Then {
+        Then {
+            queue: queue.to_string(),
+            payload,
+            ..Then::default()
+        }
+    }
+
+    /// Adds a job to run after this one.
+    pub fn then(mut self, next: Then) -> Then {
+        self.then.push(next);
+        self
+    }
 }
 
 #[derive(Clone)]
@@ -165,11 +213,17 @@ impl Client {
         let sql = format!(
             "SELECT \"{}\".enqueue(queue => $1, payload => $2, priority => $3::int2::int4, \
              run_at => now() + $4::int8 * interval '1 millisecond', max_attempts => $5, \
-             idempotency_key => $6, id => $7, timeout_ms => $8, backoff => $9)",
+             idempotency_key => $6, id => $7, timeout_ms => $8, backoff => $9, \
+             depends_on => $10, then_jobs => $11)",
             self.store.schema()
         );
         let delay_ms = opts.delay.unwrap_or_default().as_millis() as i64;
         let (timeout_ms, backoff) = (new.timeout_ms(), new.backoff_json());
+        let depends_on = (!opts.depends_on.is_empty()).then_some(&opts.depends_on);
+        let then = (!opts.then.is_empty())
+            .then(|| serde_json::to_value(&opts.then))
+            .transpose()
+            .map_err(|e| ClientError::Invalid(format!("then: {e}")))?;
         let row = tx
             .query_one(
                 &sql,
@@ -183,12 +237,20 @@ impl Client {
                     &new.id,
                     &timeout_ms,
                     &backoff,
+                    &depends_on,
+                    &then,
                 ],
             )
             .await
             .map_err(|e| match e.as_db_error() {
                 Some(db) if db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
                     ClientError::Conflict(db.message().to_string())
+                }
+                Some(db)
+                    if db.code() == &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE
+                        || db.code() == &tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION =>
+                {
+                    ClientError::Invalid(db.message().to_string())
                 }
                 _ => ClientError::Store(e.into()),
             })?;
@@ -203,6 +265,38 @@ impl Client {
         payload: Value,
         opts: EnqueueOptions,
     ) -> Result<Enqueued, ClientError> {
+        if !opts.depends_on.is_empty() || !opts.then.is_empty() {
+            // Chains are made by the SQL function (one definition for every producer); the
+            // scheduler publishes the job when it is due.
+            let mut conn = self.store.raw().await?;
+            let tx = conn
+                .transaction()
+                .await
+                .map_err(|e| ClientError::Store(e.into()))?;
+            let id = self.enqueue_in(&*tx, queue, payload, opts).await?;
+            // A row created by this transaction has created_at = now() (its start).
+            let row = tx
+                .query_one(
+                    &format!(
+                        "SELECT status, generation, created_at = now() FROM \"{}\".jobs \
+                         WHERE id = $1",
+                        self.store.schema()
+                    ),
+                    &[&id],
+                )
+                .await
+                .map_err(|e| ClientError::Store(e.into()))?;
+            tx.commit()
+                .await
+                .map_err(|e| ClientError::Store(e.into()))?;
+            return Ok(Enqueued {
+                status: JobStatus::parse(row.get(0)).unwrap_or(JobStatus::Scheduled),
+                id,
+                created: row.get(2),
+                generation: row.get(1),
+                same_payload: true,
+            });
+        }
         let (new, envelope, max_attempts) = self.prepare(queue, payload, &opts)?;
         let delay = opts.delay.unwrap_or_default();
         let enq = self.store.job_insert(&new, max_attempts, delay).await?;

@@ -31,6 +31,8 @@ pub const DEFAULT_PRIORITY: i16 = 5;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobStatus {
+    /// Waits for the jobs it depends on (`depends_on`); not published yet.
+    Waiting,
     Queued,
     Scheduled,
     Processing,
@@ -40,7 +42,8 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
-    pub const ALL: [JobStatus; 6] = [
+    pub const ALL: [JobStatus; 7] = [
+        JobStatus::Waiting,
         JobStatus::Queued,
         JobStatus::Scheduled,
         JobStatus::Processing,
@@ -51,6 +54,7 @@ impl JobStatus {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            JobStatus::Waiting => "waiting",
             JobStatus::Queued => "queued",
             JobStatus::Scheduled => "scheduled",
             JobStatus::Processing => "processing",

@@ -5,6 +5,7 @@
 //! Connections come from a deadpool pool built on a `tokio_postgres::Config` (so TCP
 //! keepalives and timeouts can be set), with `search_path` set to the configured schema.
 
+mod chain;
 mod cron;
 mod dashboard;
 mod flow;
@@ -14,6 +15,7 @@ mod liveness;
 mod messages;
 mod ops;
 pub mod tls;
+pub use chain::{format_pipeline, ChainRound, PipelineJob};
 pub use dashboard::{JobFilter, JobSummary, QueueOverview, ScheduledJob};
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
@@ -552,6 +554,10 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("workers_on_host", include_str!("sql/workers_on_host.sql")),
     ("job_retry_dead", include_str!("sql/job_retry_dead.sql")),
     ("job_cancel", include_str!("sql/job_cancel.sql")),
+    ("chain_resolve", include_str!("sql/chain_resolve.sql")),
+    ("chain_recheck", include_str!("sql/chain_recheck.sql")),
+    ("pipeline_jobs", include_str!("sql/pipeline_jobs.sql")),
+    ("pipeline_cancel", include_str!("sql/pipeline_cancel.sql")),
     ("job_purge_dead", include_str!("sql/job_purge_dead.sql")),
     ("job_stats", include_str!("sql/job_stats.sql")),
     ("job_depth", include_str!("sql/job_depth.sql")),

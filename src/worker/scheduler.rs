@@ -26,6 +26,10 @@ use tracing::{debug, warn};
 
 /// Most due jobs published in one round.
 const ROUND_LIMIT: i64 = 500;
+/// Most ended jobs whose dependents one chain round resolves, and most rounds per tick (a
+/// dead parent's descendants die one generation per round).
+const CHAIN_LIMIT: i64 = 500;
+const CHAIN_ROUNDS: usize = 16;
 /// How soon a lost LISTEN connection is opened again.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -46,6 +50,7 @@ impl Scheduler {
         // commits; polling every `scheduler_every` covers a lost connection.
         let mut wake: Option<tokio::sync::mpsc::Receiver<()>> = None;
         let mut listen_tried: Option<std::time::Instant> = None;
+        let mut rechecked = std::time::Instant::now();
         loop {
             if wake.is_none() && listen_tried.is_none_or(|t| t.elapsed() >= LISTEN_RETRY) {
                 listen_tried = Some(std::time::Instant::now());
@@ -61,6 +66,21 @@ impl Scheduler {
                     if woke.is_none() {
                         wake = None;
                     }
+                }
+            }
+            // Chains first: the jobs they make due are published in the same tick.
+            if let Err(e) = self.resolve_chains().await {
+                debug!(cause = %e, "chain round failed; trying again next tick");
+            }
+            if rechecked.elapsed() >= self.shared.config.worker.sweep_every {
+                rechecked = std::time::Instant::now();
+                match self.shared.store.chain_recheck().await {
+                    Ok(0) => {}
+                    Ok(n) => warn!(
+                        jobs = n,
+                        "ended parents of waiting jobs were not resolved; resolving them now"
+                    ),
+                    Err(e) => debug!(cause = %e, "chain recheck failed"),
                 }
             }
             // Keep going while full rounds come back: a backlog drains without waiting ticks.
@@ -84,6 +104,28 @@ impl Scheduler {
                 }
             };
         }
+    }
+
+    /// Resolves the dependents of ended jobs (`then` jobs created, waiting children made due,
+    /// dead or cancelled), generation after generation, until a round finds nothing.
+    pub async fn resolve_chains(&self) -> Result<(), crate::store::StoreError> {
+        for _ in 0..CHAIN_ROUNDS {
+            let round = self.shared.store.chain_resolve(CHAIN_LIMIT).await?;
+            for (id, queue, reason) in &round.dead {
+                warn!(job.id = %id, %queue, reason = %reason, "job dead-lettered: a job it depends on is dead");
+                self.shared.announce_dead(queue, id, Some(reason));
+            }
+            if round.parents == 0 {
+                break;
+            }
+            debug!(
+                parents = round.parents,
+                created = round.created,
+                decided = round.decided,
+                "chain round"
+            );
+        }
+        Ok(())
     }
 
     /// Publishes one round of due jobs; returns what became of them.

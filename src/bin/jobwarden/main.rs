@@ -72,6 +72,15 @@ enum Command {
         /// (kinds: fixed, linear, exponential).
         #[arg(long, value_parser = parse_backoff)]
         backoff: Option<jobwarden::backoff::Backoff>,
+        /// Run only after this job completed (repeat for several: it waits until all did).
+        /// A dead parent makes it dead, a cancelled one cancels it.
+        #[arg(long = "depends-on", value_name = "JOB_ID")]
+        depends_on: Vec<String>,
+        /// Jobs to create when this one completes, as JSON: '[{"queue":"pdf","payload":{…},
+        /// "then":[…]}]' (fields: queue, payload, id, priority, max_attempts, timeout_ms,
+        /// delay_ms, idempotency_key, backoff, then).
+        #[arg(long, value_name = "JSON")]
+        then: Option<String>,
     },
     /// Inspect jobs.
     Jobs {
@@ -148,6 +157,14 @@ enum DlqCommand {
     },
 }
 
+fn parse_then(text: &str) -> Result<Vec<jobwarden::client::Then>, String> {
+    serde_json::from_str(text).map_err(|e| {
+        format!(
+            "{e}: give a JSON array of jobs, e.g. '[{{\"queue\":\"email\",\"payload\":{{\"to\":\"a@example.com\"}}}}]'"
+        )
+    })
+}
+
 fn parse_backoff(s: &str) -> Result<jobwarden::backoff::Backoff, String> {
     use jobwarden::backoff::{Backoff, BackoffKind};
     let usage =
@@ -199,8 +216,22 @@ enum CronCommand {
 
 #[derive(Subcommand)]
 enum JobsCommand {
-    /// Cancel a job that has not finished: a queued one never runs, a running one is stopped.
-    Cancel { id: String },
+    /// Cancel a job that has not finished: a queued one never runs, a running one is stopped;
+    /// jobs that depend on it are cancelled too.
+    Cancel {
+        id: String,
+        /// Every unfinished job of the job's pipeline.
+        #[arg(long)]
+        pipeline: bool,
+    },
+    /// A pipeline (the jobs chained with `then` and `depends_on`): each job's state and
+    /// parents.
+    Pipeline {
+        /// Any job of the pipeline.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Retry a dead job (fresh attempts, same id, history kept).
     Retry { id: String },
     /// Show one job with its attempts.
@@ -301,6 +332,8 @@ async fn real_main(cli: Cli) -> Result<()> {
             idempotency_key,
             id,
             backoff,
+            depends_on,
+            then,
         } => {
             let config = Config::load_connections(path.as_deref())?;
             let payload: serde_json::Value = serde_json::from_str(&payload).map_err(|e| {
@@ -326,6 +359,11 @@ async fn real_main(cli: Cli) -> Result<()> {
                 timeout,
                 idempotency_key,
                 backoff,
+                depends_on,
+                then: match then {
+                    Some(text) => parse_then(&text).map_err(|e| BadArgs(format!("--then: {e}")))?,
+                    None => Vec::new(),
+                },
             };
             let enq = client
                 .enqueue(&queue, payload, opts)
@@ -487,7 +525,46 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
     match command {
         JobsCommand::Retry { id } => retry_one(store, &id).await,
-        JobsCommand::Cancel { id } => match store.job_cancel(&id).await? {
+        JobsCommand::Cancel { id, pipeline: true } => {
+            let cancelled = store.pipeline_cancel(&id).await?;
+            if cancelled.is_empty() && store.job_get(&id).await?.is_none() {
+                return Err(BadArgs(format!(
+                    "no job with id {id:?} in schema {}",
+                    store.schema()
+                ))
+                .into());
+            }
+            println!(
+                "{} unfinished jobs of the pipeline of {id} cancelled{}",
+                cancelled.len(),
+                if cancelled.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", cancelled.join(", "))
+                }
+            );
+            Ok(())
+        }
+        JobsCommand::Pipeline { id, json } => {
+            let jobs = store.pipeline_jobs(&id).await?;
+            if jobs.is_empty() {
+                return Err(BadArgs(format!(
+                    "no job with id {id:?} in schema {}",
+                    store.schema()
+                ))
+                .into());
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+            } else {
+                print!("{}", jobwarden::store::format_pipeline(&jobs));
+            }
+            Ok(())
+        }
+        JobsCommand::Cancel {
+            id,
+            pipeline: false,
+        } => match store.job_cancel(&id).await? {
             Some(was) => {
                 println!(
                     "{id} cancelled (it was {was}{})",

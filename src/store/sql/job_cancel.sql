@@ -6,7 +6,9 @@ WITH old AS (
 )
 UPDATE jobs j
 SET status = 'cancelled', completed_at = now(), updated_at = now(),
-    last_error = 'cancelled by an operator'
+    last_error = 'cancelled by an operator',
+    -- Its dependents are cancelled by the scheduler's chain round.
+    chain_pending = EXISTS (SELECT 1 FROM job_deps d WHERE d.parent = j.id)
 FROM old
-WHERE j.id = old.id AND old.status IN ('queued', 'scheduled', 'processing')
+WHERE j.id = old.id AND old.status IN ('waiting', 'queued', 'scheduled', 'processing')
 RETURNING old.status

@@ -1,0 +1,139 @@
+//! Job chaining: resolving the dependents of jobs that ended (`chain_resolve.sql`), the
+//! safety net that finds ended parents nobody marked (`chain_recheck.sql`), and a pipeline's
+//! jobs (`pipeline_jobs.sql`).
+
+use super::{Result, Store};
+
+/// What one chain round did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ChainRound {
+    /// Ended jobs whose dependents it resolved.
+    pub parents: i64,
+    /// `then` jobs it created.
+    pub created: i64,
+    /// Waiting children it made due, dead or cancelled.
+    pub decided: i64,
+    /// Children dead-lettered because a parent is dead: (id, queue, reason).
+    pub dead: Vec<(String, String, String)>,
+}
+
+/// One job of a pipeline, with its parents.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PipelineJob {
+    pub id: String,
+    pub queue: String,
+    pub status: String,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub last_error: Option<String>,
+    pub parents: Vec<String>,
+    /// `then` jobs not created yet (the job has not completed).
+    pub pending_then: i32,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub completed_at: Option<String>,
+}
+
+impl Store {
+    /// Resolves the dependents of at most `limit` ended jobs (see `chain_resolve.sql`).
+    pub async fn chain_resolve(&self, limit: i64) -> Result<ChainRound> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/chain_resolve.sql"))
+            .await?;
+        let r = c.query_one(&st, &[&limit]).await?;
+        let ids: Vec<String> = r.get(3);
+        let queues: Vec<String> = r.get(4);
+        let errors: Vec<Option<String>> = r.get(5);
+        Ok(ChainRound {
+            parents: r.get(0),
+            created: r.get(1),
+            decided: r.get(2),
+            dead: ids
+                .into_iter()
+                .zip(queues)
+                .zip(errors)
+                .map(|((id, q), e)| (id, q, e.unwrap_or_default()))
+                .collect(),
+        })
+    }
+
+    /// Marks ended parents of waiting jobs that nobody marked; returns how many.
+    pub async fn chain_recheck(&self) -> Result<u64> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/chain_recheck.sql"))
+            .await?;
+        Ok(c.execute(&st, &[]).await?)
+    }
+
+    /// Cancels every unfinished job of the pipeline `id` belongs to; returns their ids.
+    pub async fn pipeline_cancel(&self, id: &str) -> Result<Vec<String>> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/pipeline_cancel.sql"))
+            .await?;
+        let mut ids: Vec<String> = c
+            .query(&st, &[&id])
+            .await?
+            .into_iter()
+            .map(|r| r.get(0))
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Every job of the pipeline `id` belongs to (or begins), oldest first; empty when the
+    /// job does not exist.
+    pub async fn pipeline_jobs(&self, id: &str) -> Result<Vec<PipelineJob>> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/pipeline_jobs.sql"))
+            .await?;
+        Ok(c.query(&st, &[&id])
+            .await?
+            .into_iter()
+            .map(|r| PipelineJob {
+                id: r.get(0),
+                queue: r.get(1),
+                status: r.get(2),
+                attempts: r.get(3),
+                max_attempts: r.get(4),
+                last_error: r.get(5),
+                parents: r.get(6),
+                pending_then: r.get(7),
+                created_at: r.get(8),
+                completed_at: r.get(9),
+            })
+            .collect())
+    }
+}
+
+/// A pipeline as a table: one line per job, with its parents.
+pub fn format_pipeline(jobs: &[PipelineJob]) -> String {
+    let mut out = format!(
+        "{:<40} {:<12} {:<11} {:>8}  {}\n",
+        "JOB", "QUEUE", "STATUS", "ATTEMPTS", "AFTER / LAST ERROR"
+    );
+    for j in jobs {
+        let mut notes = Vec::new();
+        if !j.parents.is_empty() {
+            notes.push(format!("after {}", j.parents.join(", ")));
+        }
+        if j.pending_then > 0 {
+            notes.push(format!("then {} more when it completes", j.pending_then));
+        }
+        if let Some(e) = &j.last_error {
+            notes.push(e.clone());
+        }
+        out.push_str(&format!(
+            "{:<40} {:<12} {:<11} {:>8}  {}\n",
+            j.id,
+            j.queue,
+            j.status,
+            format!("{}/{}", j.attempts, j.max_attempts),
+            notes.join("; ")
+        ));
+    }
+    out
+}
