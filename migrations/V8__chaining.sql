@@ -62,11 +62,12 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
         IF (s ? 'priority' AND ((s ->> 'priority') !~ '^[0-9]$'))
-           OR (s ? 'max_attempts' AND ((s ->> 'max_attempts') !~ '^[0-9]{1,4}$' OR (s ->> 'max_attempts')::int < 1))
+           OR (s ? 'max_attempts' AND ((s ->> 'max_attempts') !~ '^[0-9]{1,4}$'
+                                       OR (s ->> 'max_attempts')::int NOT BETWEEN 1 AND 1000))
            OR (s ? 'timeout_ms' AND ((s ->> 'timeout_ms') !~ '^[0-9]{1,9}$' OR (s ->> 'timeout_ms')::int < 1))
            OR (s ? 'delay_ms' AND (s ->> 'delay_ms') !~ '^[0-9]{1,12}$')
            OR (s ? 'id' AND jsonb_typeof(s -> 'id') <> 'string') THEN
-            RAISE EXCEPTION 'jobwarden.enqueue: %[%]: priority must be 0 to 9, max_attempts 1 to 9999, timeout_ms and delay_ms whole milliseconds, id a string', what, i
+            RAISE EXCEPTION 'jobwarden.enqueue: %[%]: priority must be 0 to 9, max_attempts 1 to 1000, timeout_ms and delay_ms whole milliseconds, id a string', what, i
                 USING ERRCODE = '22023';
         END IF;
         PERFORM chain_spec_check(s -> 'then', what || '[' || i || '].then');

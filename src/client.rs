@@ -90,6 +90,38 @@ impl Then {
     }
 }
 
+/// Checks `then` specs (recursively) the way SQL `enqueue()` does, so a message or an
+/// enqueue is refused before anything is stored.
+pub fn check_then(specs: &[Then]) -> Result<(), String> {
+    fn walk(specs: &[Then], path: &str) -> Result<(), String> {
+        for (i, t) in specs.iter().enumerate() {
+            let at = format!("{path}[{}]", i + 1);
+            job::validate_queue_name(&t.queue).map_err(|e| format!("{at}: {e}"))?;
+            if !t.payload.is_object() {
+                return Err(format!("{at}: payload must be a JSON object"));
+            }
+            if let Some(id) = &t.id {
+                job::validate_id(id).map_err(|e| format!("{at}: id {e}"))?;
+            }
+            if t.priority.is_some_and(|p| !(0..=9).contains(&p)) {
+                return Err(format!("{at}: priority must be from 0 (first) to 9 (last)"));
+            }
+            if t.max_attempts.is_some_and(|n| !(1..=1000).contains(&n)) {
+                return Err(format!("{at}: max_attempts must be from 1 to 1000"));
+            }
+            if t.timeout_ms == Some(0) {
+                return Err(format!("{at}: timeout_ms must be at least 1"));
+            }
+            if let Some(b) = &t.backoff {
+                b.validate().map_err(|e| format!("{at}: backoff: {e}"))?;
+            }
+            walk(&t.then, &format!("{at}.then"))?;
+        }
+        Ok(())
+    }
+    walk(specs, "then")
+}
+
 #[derive(Clone)]
 pub struct Client {
     store: Store,
@@ -163,7 +195,9 @@ impl Client {
             idempotency_key: opts.idempotency_key.clone(),
             run_at_ms: None,
             backoff: opts.backoff,
+            then: None,
         };
+        check_then(&opts.then).map_err(|e| ClientError::Invalid(format!("then: {e}")))?;
         if let Some(b) = &new.backoff {
             b.validate()
                 .map_err(|e| ClientError::Invalid(format!("backoff: {e}")))?;

@@ -114,6 +114,8 @@ pub struct NewJob {
     pub run_at_ms: Option<i64>,
     /// Overrides the queue's backoff for this job.
     pub backoff: Option<crate::backoff::Backoff>,
+    /// Jobs to create when this one completes (checked specs, see [`crate::client::Then`]).
+    pub then: Option<Value>,
 }
 
 impl NewJob {
@@ -178,8 +180,10 @@ pub enum InvalidMessage {
 }
 
 /// The envelope fields; an object with `payload` and only these keys is an envelope.
-const ENVELOPE_KEYS: [&str; 8] = [
+const ENVELOPE_KEYS: [&str; 10] = [
     "backoff",
+    "then",
+    "depends_on",
     "id",
     "payload",
     "priority",
@@ -340,6 +344,7 @@ pub fn decode(
             idempotency_key: None,
             run_at_ms: None,
             backoff: None,
+            then: None,
         };
         check_storable(&job.payload)?;
         return Ok(job);
@@ -394,6 +399,32 @@ pub fn decode(
                 })?,
         ),
     };
+    if obj.contains_key("depends_on") {
+        return Err(InvalidMessage::BadValue {
+            field: "depends_on",
+            reason: "a job that waits for others must be stored before anything runs it: \
+                     enqueue it through PostgreSQL (SQL enqueue(..., depends_on => ...), the \
+                     Rust client, or `jobwarden enqueue --depends-on`), not by publishing"
+                .into(),
+        });
+    }
+    let then = match obj.get("then") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let specs: Vec<crate::client::Then> =
+                serde_json::from_value(v.clone()).map_err(|e| InvalidMessage::BadValue {
+                    field: "then",
+                    reason: format!(
+                        "{e}; expected an array of jobs, e.g. [{{\"queue\":\"email\",\"payload\":{{}}}}]"
+                    ),
+                })?;
+            crate::client::check_then(&specs).map_err(|reason| InvalidMessage::BadValue {
+                field: "then",
+                reason,
+            })?;
+            Some(v.clone())
+        }
+    };
     let payload = obj.get("payload").cloned().unwrap_or(Value::Null);
     check_storable(&payload)?;
     Ok(NewJob {
@@ -406,6 +437,7 @@ pub fn decode(
         idempotency_key,
         run_at_ms,
         backoff,
+        then,
     })
 }
 
@@ -436,6 +468,64 @@ mod tests {
             stored_ns: 1_763_828_428_160_350_775,
             msg_id: None,
         }
+    }
+
+    #[test]
+    fn then_chains_are_envelopes_and_depends_on_is_refused_with_the_way_to_do_it() {
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/examples/envelope-then.json"
+        ))
+        .unwrap();
+        let job = decode(&body, &origin(), 1 << 20).unwrap();
+        assert_eq!(job.id, "order-42");
+        assert_eq!(job.payload["order"], json!(42));
+        let then = job.then.unwrap();
+        assert_eq!(then[0]["queue"], json!("pdf"));
+        assert_eq!(then[0]["then"][0]["queue"], json!("email"));
+
+        let err = decode(
+            br#"{"payload":{},"then":[{"queue":"bad queue!","payload":{}}]}"#,
+            &origin(),
+            1024,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("field `then`") && err.contains("then[1]"),
+            "{err}"
+        );
+        let err = decode(
+            br#"{"payload":{},"then":[{"queue":"pdf"}]}"#,
+            &origin(),
+            1024,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("payload"), "{err}");
+        let err = decode(br#"{"payload":{},"depends_on":["a"]}"#, &origin(), 1024)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--depends-on"), "{err}");
+    }
+
+    #[test]
+    fn every_example_body_in_the_docs_decodes_and_every_invalid_one_is_refused() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples");
+        let mut seen = 0;
+        for (sub, valid) in [("", true), ("invalid", false)] {
+            for entry in std::fs::read_dir(dir.join(sub)).unwrap().flatten() {
+                let path = entry.path();
+                if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                    continue;
+                }
+                let body = std::fs::read(&path).unwrap();
+                let got = decode(&body, &origin(), 1 << 20);
+                assert_eq!(got.is_ok(), valid, "{}: {got:?}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 6, "examples found: {seen}");
     }
 
     #[test]

@@ -421,3 +421,49 @@ async fn sql_enqueue_and_the_cli_chain_jobs_too() {
     drop(db);
     worker.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_published_message_may_carry_then_and_one_with_depends_on_is_dead_lettered_saying_why() {
+    let env = TestEnv::new(QUEUES).await;
+    let (h, runs) = recording();
+    let worker = env.worker(&[("h", h)]).await;
+    let body = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/examples/envelope-then.json"
+    ))
+    .unwrap();
+    env.publish_raw("charge", body).await;
+    assert!(env.wait_status("order-42.1.1", "completed", 20).await);
+    let pipeline = env.store.pipeline_jobs("order-42").await.unwrap();
+    let view: Vec<(&str, &str, i32)> = pipeline
+        .iter()
+        .map(|j| (j.id.as_str(), j.status.as_str(), j.max_attempts))
+        .collect();
+    assert_eq!(
+        view,
+        [
+            ("order-42", "completed", 3),
+            ("order-42.1", "completed", 2),
+            ("order-42.1.1", "completed", 5)
+        ]
+    );
+    assert_eq!(runs.lock().unwrap().len(), 3);
+
+    env.publish_raw(
+        "email",
+        json!({"id": "waits", "payload": {}, "depends_on": ["order-42"]}).to_string(),
+    )
+    .await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.scalar(
+                "SELECT count(*) FROM jobs WHERE status = 'dead' AND last_error LIKE '%depends_on%--depends-on%'",
+            )
+            .await
+                == 1
+        })
+        .await,
+        "the message is kept as a dead job that says how to enqueue it"
+    );
+    worker.shutdown().await;
+}

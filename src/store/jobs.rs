@@ -24,6 +24,7 @@ pub(super) struct Columns<'a> {
     run_ats: Vec<Option<i64>>,
     backoffs: Vec<Option<Value>>,
     traces: Vec<Option<&'a str>>,
+    thens: Vec<Option<&'a Value>>,
 }
 
 impl<'a> Columns<'a> {
@@ -40,6 +41,7 @@ impl<'a> Columns<'a> {
             run_ats: Vec::with_capacity(n),
             backoffs: Vec::with_capacity(n),
             traces: Vec::with_capacity(n),
+            thens: Vec::with_capacity(n),
         };
         for i in batch {
             let j = &i.job;
@@ -53,12 +55,13 @@ impl<'a> Columns<'a> {
             c.run_ats.push(j.run_at_ms);
             c.backoffs.push(j.backoff_json());
             c.traces.push(i.traceparent.as_deref());
+            c.thens.push(j.then.as_ref());
         }
         c
     }
 
-    /// The ten arrays, in the order the statements number them.
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+    /// The eleven arrays, in the order the statements number them.
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 11] {
         [
             &self.ids,
             &self.queues,
@@ -70,6 +73,7 @@ impl<'a> Columns<'a> {
             &self.run_ats,
             &self.backoffs,
             &self.traces,
+            &self.thens,
         ]
     }
 }

@@ -257,6 +257,7 @@ impl TestEnv {
                 idempotency_key: None,
                 run_at_ms: None,
                 backoff: None,
+                then: None,
             },
             max_attempts: 3,
             traceparent: None,

@@ -14,19 +14,19 @@
 WITH input AS (
     SELECT *
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
-                $9::text[], $10::int8[], $11::jsonb[], $12::text[]) WITH ORDINALITY
+                $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[]) WITH ORDINALITY
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
-              backoff, traceparent, idx)
+              backoff, traceparent, then_jobs, idx)
 ),
 me AS (
     SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL) AS alive
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      backoff, traceparent, status, attempts, worker_id, lease, started_at,
+                      backoff, traceparent, then_jobs, status, attempts, worker_id, lease, started_at,
                       last_activity_at, stale_at, scheduled_at)
     SELECT i.id, i.queue, i.payload, i.priority, i.max_attempts, i.timeout_ms, i.idempotency_key,
-           i.backoff, i.traceparent,
+           i.backoff, i.traceparent, i.then_jobs,
            CASE WHEN i.run_at_ms IS NOT NULL AND to_timestamp(i.run_at_ms / 1000.0) > now()
                 THEN 'scheduled' ELSE 'processing' END,
            CASE WHEN i.run_at_ms IS NOT NULL AND to_timestamp(i.run_at_ms / 1000.0) > now()
