@@ -21,6 +21,7 @@ ALTER TABLE jobs ADD CONSTRAINT jobs_status_check CHECK (status IN
 ALTER TABLE jobs
     ADD COLUMN then_jobs     jsonb,                         -- specs created when this completes
     ADD COLUMN pipeline      text,                          -- the chain's first job
+    ADD COLUMN has_dependents boolean NOT NULL DEFAULT false,-- some job depends_on it
     ADD COLUMN chain_pending boolean NOT NULL DEFAULT false,-- ended; dependents not resolved yet
     ADD COLUMN blocked_by    text;                          -- the parent that doomed this job
 
@@ -144,9 +145,13 @@ BEGIN
                 quote_literal(missing) USING ERRCODE = '23503';
         END IF;
         SELECT COALESCE(j.pipeline, j.id) INTO chain FROM jobs j WHERE j.id = parents[1];
-        -- Parents that begin a pipeline now belong to it (one query shows them all). This
-        -- also locks them, so one that is ending now is seen ended below.
-        UPDATE jobs j SET pipeline = COALESCE(j.pipeline, chain) WHERE j.id = ANY (parents);
+        -- Parents that begin a pipeline now belong to it (one query shows them all), and
+        -- learn they have dependents. The settle of a parent ending at this moment reads
+        -- has_dependents from the row it updates (the newest version, after this
+        -- transaction commits), so it marks itself for resolution; one that ended before is
+        -- marked below.
+        UPDATE jobs j SET pipeline = COALESCE(j.pipeline, chain), has_dependents = true
+        WHERE j.id = ANY (parents);
     ELSIF enqueue.then_jobs IS NOT NULL THEN
         chain := new_id;
     END IF;

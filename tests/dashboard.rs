@@ -517,3 +517,120 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_pipeline_is_one_view_and_an_admin_cancels_it_there() {
+    let Some(driver) = Driver::start() else {
+        return;
+    };
+    let env = TestEnv::new(&format!(
+        "[queues.charge]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n\
+         [queues.pdf]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n\
+         [queues.email]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
+    ))
+    .await;
+    // The PDF step hangs until cancelled.
+    let h = from_fn(|job| async move {
+        if job.queue == "pdf" {
+            tokio::time::sleep(Duration::from_secs(120)).await;
+        }
+        Ok(None)
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
+    let client = jobwarden::client::Client::new(env.store.clone(), env.broker.clone());
+    client
+        .enqueue(
+            "charge",
+            json!({"order": 1}),
+            EnqueueOptions {
+                id: Some("order-1".into()),
+                then: vec![jobwarden::client::Then::new("pdf", json!({"order": 1}))
+                    .then(jobwarden::client::Then::new("email", json!({"order": 1})))],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(env.wait_status("order-1.1", "processing", 20).await);
+    client
+        .enqueue(
+            "email",
+            json!({"audit": 1}),
+            EnqueueOptions {
+                id: Some("audit-1".into()),
+                depends_on: vec!["order-1.1".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let b = driver.browser("pipeline").await;
+    b.goto(&format!("{base}/job?id=audit-1")).await.unwrap();
+    b.find(Locator::Css("#pipeline-link"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let rows: Vec<String> = {
+        let mut out = Vec::new();
+        for e in b
+            .find_all(Locator::Css("#pipeline tbody tr"))
+            .await
+            .unwrap()
+        {
+            out.push(e.text().await.unwrap());
+        }
+        out
+    };
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(rows[0].starts_with("order-1 charge completed"), "{rows:?}");
+    assert!(rows[1].starts_with("order-1.1 pdf processing"), "{rows:?}");
+    assert!(rows[1].contains("then 1 more"), "{rows:?}");
+    assert!(rows[2].starts_with("audit-1 email waiting"), "{rows:?}");
+    assert!(rows[2].contains("order-1.1"), "{rows:?}");
+    let summary = text(&b, "#pipeline-summary").await;
+    assert_eq!(summary, "3 jobs: 1 completed, 1 processing, 1 waiting");
+    assert_eq!(
+        count(&b, "#cancel-pipeline").await,
+        0,
+        "read-only before login"
+    );
+    screenshot(&b, "dashboard-pipeline").await;
+
+    b.find(Locator::Css("input[name='token']"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    b.find(Locator::Css("header form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.goto(&format!("{base}/pipeline?id=order-1"))
+        .await
+        .unwrap();
+    b.find(Locator::Css("#cancel-pipeline"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let flash = text(&b, ".msg").await;
+    assert_eq!(flash, "2 jobs cancelled");
+    assert!(env.wait_status("order-1.1", "cancelled", 10).await);
+    assert_eq!(env.status_of("audit-1").await.as_deref(), Some("cancelled"));
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE id = 'order-1.1.1'")
+            .await,
+        0
+    );
+    b.close().await.unwrap();
+    worker.shutdown().await;
+}

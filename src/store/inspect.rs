@@ -29,6 +29,8 @@ pub struct JobRow {
     pub started_at: Option<String>,
     pub last_activity_at: Option<String>,
     pub completed_at: Option<String>,
+    /// The chain it belongs to (the id of the chain's first job), if any.
+    pub pipeline: Option<String>,
 }
 
 /// One attempt of a job.
@@ -53,7 +55,7 @@ const JOB_COLUMNS: &str = "id, queue, status, priority, attempts, max_attempts, 
     to_char(scheduled_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     to_char(last_activity_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+    to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), pipeline";
 
 fn job_row(r: tokio_postgres::Row) -> JobRow {
     JobRow {
@@ -77,6 +79,7 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
         started_at: r.get(17),
         last_activity_at: r.get(18),
         completed_at: r.get(19),
+        pipeline: r.get(20),
     }
 }
 

@@ -38,6 +38,8 @@ pub(crate) async fn serve(
         .route("/job", get(job))
         .route("/job/retry", post(job_retry))
         .route("/job/cancel", post(job_cancel))
+        .route("/pipeline", get(pipeline))
+        .route("/pipeline/cancel", post(pipeline_cancel))
         .route("/dead", get(dead))
         .route("/dead/retry", post(dead_retry))
         .route("/dead/discard", post(dead_discard))
@@ -203,6 +205,7 @@ fn done_text(d: Done, n: u64) -> String {
         Done::Retried => format!("{n} dead job(s) retried"),
         Done::Discarded => format!("{n} dead job(s) discarded"),
         Done::NotDead => "not retried: the job is not dead".into(),
+        Done::Cancelled if n > 1 => format!("{n} jobs cancelled"),
         Done::Cancelled => "cancelled".into(),
         Done::AlreadyFinished => "not cancelled: the job had already finished".into(),
         Done::NoneSelected => "select at least one job".into(),
@@ -543,6 +546,14 @@ async fn job(
     if let Some(e) = &j.last_error {
         let _ = write!(b, "<dt>last error</dt><dd class=\"err\">{}</dd>", esc(e));
     }
+    if let Some(p) = &j.pipeline {
+        let _ = write!(
+            b,
+            "<dt>pipeline</dt><dd><a id=\"pipeline-link\" href=\"/pipeline?id={}\">{}</a></dd>",
+            q(p),
+            esc(p)
+        );
+    }
     b.push_str("</dl>");
     if admin {
         let eid = esc(&id);
@@ -550,7 +561,10 @@ async fn job(
         if j.status == "dead" {
             let _ = write!(b, "<form method=\"post\" action=\"/job/retry\"><input type=\"hidden\" name=\"id\" value=\"{eid}\"><button id=\"retry\">Retry</button></form>");
         }
-        if matches!(j.status.as_str(), "queued" | "scheduled" | "processing") {
+        if matches!(
+            j.status.as_str(),
+            "waiting" | "queued" | "scheduled" | "processing"
+        ) {
             let _ = write!(b, "<form method=\"post\" action=\"/job/cancel\"><input type=\"hidden\" name=\"id\" value=\"{eid}\"><button class=\"danger\" id=\"cancel\">Cancel</button></form>");
         }
         b.push_str("</div>");
@@ -591,6 +605,118 @@ async fn job(
         );
     }
     page(&shared, &headers, "jobs", &format!("Job {id}"), &b).into_response()
+}
+
+/// A pipeline: every job chained with `then` and `depends_on` to the one named, with its state
+/// and parents.
+async fn pipeline(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let jobs = match shared.store.pipeline_jobs(&id).await {
+        Ok(j) => j,
+        Err(e) => return failed(e),
+    };
+    if jobs.is_empty() {
+        let body = format!("<p>No job has the id <code>{}</code>.</p>", esc(&id));
+        return (
+            StatusCode::NOT_FOUND,
+            page(&shared, &headers, "jobs", "No such job", &body),
+        )
+            .into_response();
+    }
+    let mut b = flash(&p);
+    let mut by_status: std::collections::BTreeMap<&str, usize> = Default::default();
+    for j in &jobs {
+        *by_status.entry(j.status.as_str()).or_default() += 1;
+    }
+    let summary: Vec<String> = by_status
+        .iter()
+        .map(|(s, n)| format!("{n} {}", status_badge(s)))
+        .collect();
+    let _ = write!(
+        b,
+        "<p id=\"pipeline-summary\">{} jobs: {}</p>",
+        jobs.len(),
+        summary.join(", ")
+    );
+    b.push_str(
+        "<table id=\"pipeline\"><thead><tr><th>job</th><th>queue</th><th>status</th>\
+         <th class=\"n\">attempts</th><th>after</th><th>created (UTC)</th><th>finished (UTC)</th>\
+         <th>last error</th></tr></thead><tbody>",
+    );
+    for j in &jobs {
+        let parents: Vec<String> = j
+            .parents
+            .iter()
+            .map(|p| format!("<a href=\"/job?id={}\">{}</a>", q(p), esc(p)))
+            .collect();
+        let mut after = parents.join(", ");
+        if j.pending_then > 0 {
+            let _ = write!(
+                after,
+                " <span class=\"muted\">(then {} more)</span>",
+                j.pending_then
+            );
+        }
+        let _ = write!(
+            b,
+            "<tr data-id=\"{}\"><td><a href=\"/job?id={}\">{}</a></td><td>{}</td><td>{}</td>\
+             <td class=\"n\">{}/{}</td><td>{after}</td><td>{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
+            esc(&j.id),
+            q(&j.id),
+            esc(&j.id),
+            esc(&j.queue),
+            status_badge(&j.status),
+            j.attempts,
+            j.max_attempts,
+            esc(&j.created_at),
+            esc(j.completed_at.as_deref().unwrap_or("")),
+            esc(j.last_error.as_deref().unwrap_or(""))
+        );
+    }
+    b.push_str("</tbody></table>");
+    let unfinished = jobs.iter().any(|j| {
+        matches!(
+            j.status.as_str(),
+            "waiting" | "queued" | "scheduled" | "processing"
+        )
+    });
+    if unfinished && is_admin(&shared, &headers) {
+        let _ = write!(
+            b,
+            "<div class=\"actions\"><form method=\"post\" action=\"/pipeline/cancel\">\
+             <input type=\"hidden\" name=\"id\" value=\"{}\"><button class=\"danger\" \
+             id=\"cancel-pipeline\">Cancel every unfinished job</button></form></div>",
+            esc(&id)
+        );
+    }
+    page(&shared, &headers, "jobs", &format!("Pipeline of {id}"), &b).into_response()
+}
+
+async fn pipeline_cancel(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Some(refused) = refuse(&shared, &headers) {
+        return refused;
+    }
+    let f = form(&body);
+    let id = field(&f, "id").unwrap_or_default().to_string();
+    match shared.store.pipeline_cancel(&id).await {
+        Ok(ids) => {
+            info!(job.id = %id, jobs = ids.len(), "dashboard: pipeline cancelled");
+            back(
+                &format!("/pipeline?id={}", q(&id)),
+                Done::Cancelled,
+                ids.len(),
+            )
+        }
+        Err(e) => failed(e),
+    }
 }
 
 async fn dead(

@@ -60,9 +60,7 @@ decided AS (
                           THEN 'parent ' || v.cancelled_by || ' was cancelled'
                           WHEN v.dead_by IS NOT NULL THEN 'parent ' || v.dead_by || ' is dead'
                           ELSE c.last_error END,
-        chain_pending = NOT v.ready
-            AND (c.then_jobs IS NOT NULL
-                 OR EXISTS (SELECT 1 FROM job_deps d WHERE d.parent = c.id)),
+        chain_pending = NOT v.ready AND c.has_dependents,
         updated_at = now()
     FROM verdict v
     WHERE c.id = v.id AND c.status = 'waiting'

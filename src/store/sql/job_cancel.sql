@@ -8,7 +8,7 @@ UPDATE jobs j
 SET status = 'cancelled', completed_at = now(), updated_at = now(),
     last_error = 'cancelled by an operator',
     -- Its dependents are cancelled by the scheduler's chain round.
-    chain_pending = EXISTS (SELECT 1 FROM job_deps d WHERE d.parent = j.id)
+    chain_pending = j.has_dependents
 FROM old
 WHERE j.id = old.id AND old.status IN ('waiting', 'queued', 'scheduled', 'processing')
 RETURNING old.status

@@ -24,8 +24,7 @@ done AS (
         stale_at = NULL,
         -- Dependents (or a `then`) to resolve: the scheduler's chain round does it.
         chain_pending = i.status IN ('completed', 'dead')
-            AND (j.then_jobs IS NOT NULL
-                 OR EXISTS (SELECT 1 FROM job_deps d WHERE d.parent = j.id)),
+            AND (j.then_jobs IS NOT NULL OR j.has_dependents),
         updated_at = now()
     FROM input i
     WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease

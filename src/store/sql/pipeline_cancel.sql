@@ -7,7 +7,7 @@ WITH root AS (
 UPDATE jobs j
 SET status = 'cancelled', completed_at = now(), updated_at = now(),
     last_error = 'pipeline cancelled by an operator',
-    chain_pending = EXISTS (SELECT 1 FROM job_deps d WHERE d.parent = j.id)
+    chain_pending = j.has_dependents
 FROM root r
 WHERE (j.pipeline = r.pipeline OR j.id = r.pipeline)
   AND j.status IN ('waiting', 'queued', 'scheduled', 'processing')
