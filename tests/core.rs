@@ -430,7 +430,7 @@ async fn hot_path_generic_plans_neither_scan_the_table_nor_loop_over_the_batch()
     let hot = [
         (
             "job_claim",
-            "('w', 300000, '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}')",
+            "('w', 300000, '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}')",
         ),
         (
             "job_settle",
