@@ -1,0 +1,524 @@
+//! The payments service: `POST /payments` → `202 Accepted` → a worker charges once.
+//!
+//! The application writes the payment and enqueues its charge in one transaction (the
+//! outbox: SQL `enqueue()` through `Client::enqueue_in`), deduplicates on the
+//! `Idempotency-Key` header, and answers 202 at once. Workers (`jobwarden run` processes, as
+//! pods would run them) hand each charge to the application's `POST /jobs/charge`, which
+//! calls the payment gateway with the job id as the gateway's idempotency key: a retry of
+//! the same job, on any worker, after any crash, is the same charge.
+//!
+//! The gateway here is a fake that keeps every charge it made, replays a charge for a key
+//! it has seen, and fails some calls *after* charging (the worst kind of transient error:
+//! the money moved, the caller does not know). `Report::duplicate_charges` counts payments
+//! charged more than once; the scenario fails if it is not 0.
+//!
+//! Used by `cargo run --example payments_service` and `tests/scenarios.rs`.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use jobwarden::client::{Client, EnqueueOptions};
+use jobwarden::store::Store;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct Settings {
+    /// The `jobwarden` binary the workers run.
+    pub jobwarden: PathBuf,
+    pub database_url: String,
+    pub nats_url: String,
+    /// A fresh schema for this run.
+    pub schema: String,
+    /// Payments per burst (15 in the issue's figures).
+    pub burst: usize,
+    /// Worker processes ("pods").
+    pub workers: usize,
+    /// Every n-th new charge the gateway makes is answered 503 after charging.
+    pub fail_every: usize,
+    /// Where the workers' logs go.
+    pub log_dir: PathBuf,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub payments: usize,
+    /// First burst: 202 with a new payment.
+    pub accepted: usize,
+    /// Second burst, same keys: 202 naming the same payment, nothing enqueued.
+    pub deduplicated: usize,
+    pub charge_jobs: i64,
+    /// Charges the gateway made.
+    pub charges: usize,
+    /// Payments the gateway charged more than once (must be 0).
+    pub duplicate_charges: usize,
+    /// Calls the gateway answered with an earlier charge (a retry with the same key).
+    pub replayed_calls: usize,
+    /// Calls the gateway failed after charging.
+    pub transient_failures: usize,
+    /// Worker processes killed with SIGKILL mid-charge.
+    pub workers_killed: usize,
+    /// Charge attempts taken back from killed workers (restarted / owner_dead).
+    pub attempts_recovered: i64,
+    /// Payments whose status is `charged`.
+    pub charged: i64,
+    pub seconds: f64,
+}
+
+/// The fake payment gateway.
+#[derive(Default)]
+struct Gateway {
+    /// Idempotency key → charge id.
+    by_key: HashMap<String, String>,
+    /// Every charge made: (payment id, charge id).
+    charges: Vec<(String, String)>,
+    replayed: usize,
+    failed: usize,
+    fail_every: usize,
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+async fn gateway_charge(
+    State(gw): State<Shared<Gateway>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "Idempotency-Key required"})),
+        );
+    };
+    // A real gateway takes a while: long enough for a worker to be killed mid-charge.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut g = gw.lock().unwrap();
+    if let Some(charge) = g.by_key.get(&key).cloned() {
+        g.replayed += 1;
+        return (
+            StatusCode::OK,
+            Json(json!({"charge": charge, "replayed": true})),
+        );
+    }
+    let payment = body["payment_id"].as_str().unwrap_or_default().to_string();
+    let charge = format!("ch_{}", g.charges.len() + 1);
+    g.by_key.insert(key, charge.clone());
+    g.charges.push((payment, charge.clone()));
+    if g.fail_every > 0 && g.charges.len() % g.fail_every == 0 {
+        // Charged, but the answer is lost.
+        g.failed += 1;
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": "upstream timeout"})),
+        );
+    }
+    (StatusCode::OK, Json(json!({"charge": charge})))
+}
+
+#[derive(Clone)]
+struct App {
+    store: Store,
+    client: Client,
+    gateway: String,
+    http: reqwest::Client,
+}
+
+/// `POST /payments` with `Idempotency-Key`: one transaction writes the payment and enqueues
+/// its charge; the same key again answers with the same payment and enqueues nothing.
+async fn create_payment(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "send an Idempotency-Key header"})),
+        );
+    };
+    let amount = body["amount_cents"].as_i64().unwrap_or(0) as i32;
+    let result: anyhow::Result<(String, bool)> = async {
+        let mut conn = app.store.raw().await?;
+        let tx = conn.transaction().await?;
+        let id = uuid::Uuid::now_v7().to_string();
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO payments (id, idempotency_key, amount_cents, status) \
+                 VALUES ($1, $2, $3, 'pending') ON CONFLICT (idempotency_key) DO NOTHING \
+                 RETURNING id",
+                &[&id, &key, &amount],
+            )
+            .await?;
+        if inserted.is_none() {
+            let existing: String = tx
+                .query_one(
+                    "SELECT id FROM payments WHERE idempotency_key = $1",
+                    &[&key],
+                )
+                .await?
+                .get(0);
+            tx.rollback().await?;
+            return Ok((existing, true));
+        }
+        app.client
+            .enqueue_in(
+                &*tx,
+                "charges",
+                json!({"payment_id": id, "amount_cents": amount}),
+                EnqueueOptions {
+                    id: Some(format!("charge-{id}")),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        tx.commit().await?;
+        Ok((id, false))
+    }
+    .await;
+    match result {
+        Ok((id, duplicate)) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"payment_id": id, "duplicate": duplicate})),
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+/// `POST /jobs/charge`: the workers' HTTP handler. The gateway's idempotency key is the job
+/// id, the same for every attempt.
+async fn charge(State(app): State<App>, Json(job): Json<Value>) -> (StatusCode, Json<Value>) {
+    let key = job["id"].as_str().unwrap_or_default();
+    let payment = job["payload"]["payment_id"].as_str().unwrap_or_default();
+    let answer = app
+        .http
+        .post(format!("{}/v1/charges", app.gateway))
+        .header("Idempotency-Key", key)
+        .header("X-Attempt", job["attempt"].to_string())
+        .json(&job["payload"])
+        .send()
+        .await;
+    let charge = match answer {
+        Ok(r) if r.status().is_success() => r
+            .json::<Value>()
+            .await
+            .ok()
+            .and_then(|v| v["charge"].as_str().map(str::to_string)),
+        Ok(r) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": format!("gateway answered {}", r.status())})),
+            )
+        }
+        Err(e) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": format!("gateway unreachable: {e}")})),
+            )
+        }
+    };
+    let Some(charge) = charge else {
+        return (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({"error": "no charge id"})),
+        );
+    };
+    let updated = async {
+        app.store
+            .raw()
+            .await?
+            .execute(
+                "UPDATE payments SET status = 'charged', charge_id = $2 WHERE id = $1",
+                &[&payment, &charge],
+            )
+            .await
+            .map_err(anyhow::Error::from)
+    }
+    .await;
+    match updated {
+        Ok(_) => (StatusCode::OK, Json(json!({"charge": charge}))),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+async fn serve(router: Router) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(format!("http://{addr}"))
+}
+
+/// A worker process ("pod") with a fixed host name.
+struct Pod {
+    name: String,
+    child: Option<std::process::Child>,
+}
+
+impl Pod {
+    fn start(s: &Settings, config: &std::path::Path, name: &str) -> anyhow::Result<Pod> {
+        let mut pod = Pod {
+            name: name.to_string(),
+            child: None,
+        };
+        pod.spawn(s, config)?;
+        Ok(pod)
+    }
+
+    fn spawn(&mut self, s: &Settings, config: &std::path::Path) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(s.log_dir.join(format!("{}.log", self.name)))?;
+        let child = std::process::Command::new(&s.jobwarden)
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env("JOBWARDEN_WORKER__HOSTNAME", &self.name)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn post_burst(
+    http: &reqwest::Client,
+    app: &str,
+    keys: &[String],
+) -> anyhow::Result<Vec<(String, bool)>> {
+    let calls = keys.iter().map(|key| {
+        let http = http.clone();
+        let url = format!("{app}/payments");
+        let key = key.clone();
+        async move {
+            let r = http
+                .post(url)
+                .header("Idempotency-Key", &key)
+                .json(&json!({"amount_cents": 1999, "customer": key}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 202, "POST /payments answered {}", r.status());
+            let v: Value = r.json().await?;
+            Ok((
+                v["payment_id"].as_str().unwrap_or_default().to_string(),
+                v["duplicate"] == json!(true),
+            ))
+        }
+    });
+    futures::future::join_all(calls).await.into_iter().collect()
+}
+
+async fn wait_charged(store: &Store, n: i64, limit: Duration) -> anyhow::Result<i64> {
+    let until = Instant::now() + limit;
+    loop {
+        let charged: i64 = store
+            .raw()
+            .await?
+            .query_one(
+                "SELECT count(*) FROM payments WHERE status = 'charged'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if charged >= n || Instant::now() > until {
+            return Ok(charged);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn run(s: &Settings) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&s.log_dir)?;
+    let db = jobwarden::config::DatabaseConfig {
+        url: s.database_url.clone(),
+        schema: s.schema.clone(),
+        pool_size: 8,
+        connect_timeout: Duration::from_secs(5),
+    };
+    let store = Store::connect(&db).await?;
+    store.migrate().await?;
+    store
+        .raw()
+        .await?
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS payments (
+                 id text PRIMARY KEY,
+                 idempotency_key text NOT NULL UNIQUE,
+                 amount_cents integer NOT NULL,
+                 status text NOT NULL,
+                 charge_id text,
+                 created_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await?;
+    let nats = jobwarden::config::NatsConfig {
+        url: s.nats_url.clone(),
+        ..Default::default()
+    };
+    let broker = jobwarden::broker::Broker::connect(&nats).await?;
+
+    let gw = Arc::new(Mutex::new(Gateway {
+        fail_every: s.fail_every,
+        ..Default::default()
+    }));
+    let gateway = serve(
+        Router::new()
+            .route("/v1/charges", post(gateway_charge))
+            .with_state(gw.clone()),
+    )
+    .await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let app = serve(
+        Router::new()
+            .route("/payments", post(create_payment))
+            .route("/jobs/charge", post(charge))
+            .with_state(App {
+                store: store.clone(),
+                client: Client::new(store.clone(), broker),
+                gateway,
+                http: http.clone(),
+            }),
+    )
+    .await?;
+
+    let config = s.log_dir.join("jobwarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = {:?}\nschema = {:?}\npool_size = 4\n\
+             [nats]\nurl = {:?}\n\
+             [worker]\napi_listen = \"127.0.0.1:0\"\nops_listen = \"off\"\n\
+             heartbeat_every = \"500ms\"\ndead_after = \"3s\"\nshutdown_grace = \"5s\"\n\
+             [queues.charges]\nconcurrency = 4\nmax_attempts = 20\ntimeout = \"10s\"\n\
+             backoff = {{ kind = \"fixed\", base = \"200ms\" }}\n\
+             handler = {{ kind = \"http\", url = \"{app}/jobs/charge\" }}\n",
+            s.database_url, s.schema, s.nats_url
+        ),
+    )?;
+    let mut pods = (0..s.workers)
+        .map(|i| Pod::start(s, &config, &format!("payments-{i}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut report = Report::default();
+
+    // A burst of new payments, then the same burst again (clients retrying).
+    let keys: Vec<String> = (0..s.burst).map(|i| format!("order-{i}")).collect();
+    let first = post_burst(&http, &app, &keys).await?;
+    report.accepted = first.iter().filter(|(_, dup)| !dup).count();
+    let again = post_burst(&http, &app, &keys).await?;
+    report.deduplicated = again
+        .iter()
+        .zip(&first)
+        .filter(|((id, dup), (first_id, _))| *dup && id == first_id)
+        .count();
+    wait_charged(&store, s.burst as i64, Duration::from_secs(60)).await?;
+
+    // Chaos: a burst while workers are killed mid-charge and come back under their names.
+    let chaos: Vec<String> = (0..s.burst).map(|i| format!("chaos-{i}")).collect();
+    let chaos_burst = post_burst(&http, &app, &chaos);
+    let killing = async {
+        // Kill while the victims hold charges in the middle of their handler.
+        let victims = s.workers.saturating_sub(1).max(1);
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let busy: i64 = store
+                .raw()
+                .await?
+                .query_one(
+                    "SELECT count(*) FROM jobs WHERE queue = 'charges' AND status = 'processing' \
+                     AND worker_id LIKE 'payments-0-%'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if busy > 0 || Instant::now() > until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for pod in pods.iter_mut().take(victims) {
+            pod.kill9();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for pod in pods.iter_mut().take(victims) {
+            pod.spawn(s, &config)?;
+        }
+        anyhow::Ok(victims)
+    };
+    let (posted, killed) = tokio::join!(chaos_burst, killing);
+    posted?;
+    report.workers_killed = killed?;
+    report.charged = wait_charged(&store, 2 * s.burst as i64, Duration::from_secs(90)).await?;
+
+    let c = store.raw().await?;
+    report.payments = c
+        .query_one("SELECT count(*) FROM payments", &[])
+        .await?
+        .get::<_, i64>(0) as usize;
+    report.charge_jobs = c
+        .query_one("SELECT count(*) FROM jobs WHERE queue = 'charges'", &[])
+        .await?
+        .get(0);
+    report.attempts_recovered = c
+        .query_one(
+            "SELECT count(*) FROM job_attempts WHERE outcome IN ('restarted', 'owner_dead')",
+            &[],
+        )
+        .await?
+        .get(0);
+    {
+        let g = gw.lock().unwrap();
+        report.charges = g.charges.len();
+        let mut per_payment: HashMap<&str, usize> = HashMap::new();
+        for (payment, _) in &g.charges {
+            *per_payment.entry(payment.as_str()).or_default() += 1;
+        }
+        report.duplicate_charges = per_payment.values().filter(|n| **n > 1).count();
+        report.replayed_calls = g.replayed;
+        report.transient_failures = g.failed;
+    }
+    for pod in &mut pods {
+        pod.stop();
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
