@@ -7,7 +7,6 @@ mod scenario;
 #[path = "../common/servers.rs"]
 mod shared;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
-#[allow(dead_code)]
 mod testkit;
 
 #[tokio::main]
