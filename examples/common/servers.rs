@@ -1,6 +1,9 @@
 //! What every scenario example needs to run on its own: throwaway servers and the
 //! `jobwarden` binary the worker processes run.
 
+// Shared by several examples (and tests/scenarios.rs); each uses part of it.
+#![allow(dead_code)]
+
 use crate::testkit::{NatsServer, PgCluster};
 use std::path::PathBuf;
 

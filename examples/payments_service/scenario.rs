@@ -14,12 +14,16 @@
 //!
 //! Used by `cargo run --example payments_service` and `tests/scenarios.rs`.
 
+#[path = "../common/pod.rs"]
+mod pod;
+
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use jobwarden::client::{Client, EnqueueOptions};
 use jobwarden::store::Store;
+use pod::Pod;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -262,65 +266,6 @@ async fn serve(router: Router) -> anyhow::Result<String> {
     Ok(format!("http://{addr}"))
 }
 
-/// A worker process ("pod") with a fixed host name.
-struct Pod {
-    name: String,
-    child: Option<std::process::Child>,
-}
-
-impl Pod {
-    fn start(s: &Settings, config: &std::path::Path, name: &str) -> anyhow::Result<Pod> {
-        let mut pod = Pod {
-            name: name.to_string(),
-            child: None,
-        };
-        pod.spawn(s, config)?;
-        Ok(pod)
-    }
-
-    fn spawn(&mut self, s: &Settings, config: &std::path::Path) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(s.log_dir.join(format!("{}.log", self.name)))?;
-        let child = std::process::Command::new(&s.jobwarden)
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("JOBWARDEN_WORKER__HOSTNAME", &self.name)
-            .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 async fn post_burst(
     http: &reqwest::Client,
     app: &str,
@@ -436,8 +381,8 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         ),
     )?;
     let mut pods = (0..s.workers)
-        .map(|i| Pod::start(s, &config, &format!("payments-{i}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .map(|i| Pod::start(&s.jobwarden, &config, &s.log_dir, &format!("payments-{i}")))
+        .collect::<std::io::Result<Vec<_>>>()?;
     let mut report = Report::default();
 
     // A burst of new payments, then the same burst again (clients retrying).
@@ -480,7 +425,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         for pod in pods.iter_mut().take(victims) {
-            pod.spawn(s, &config)?;
+            pod.restart()?;
         }
         anyhow::Ok(victims)
     };

@@ -429,7 +429,10 @@ impl Store {
                     self.schema
                 ))
                 .await?;
+            // An older build starting during a rolling deploy finds migrations it does not
+            // know (applied by a newer one): they only add, so it runs on, not aborts.
             let report = embedded::migrations::runner()
+                .set_abort_missing(false)
                 .set_migration_table_name("jobwarden_migrations")
                 .run_async(&mut **client)
                 .await
