@@ -1,5 +1,6 @@
 //! A worker process ("pod"): `jobwarden --config <file> run` under a fixed host name, as a
-//! StatefulSet pod runs it, which a scenario can kill with SIGKILL and start again.
+//! StatefulSet pod runs it, which a scenario can kill with SIGKILL and start again; and the
+//! scenario's own connections ([`connect`]).
 
 // Shared by several examples (and tests/scenarios.rs); each uses part of it.
 #![allow(dead_code)]
@@ -94,4 +95,29 @@ impl Drop for Pod {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The scenario's own connections: the store (schema migrated) and the broker, with the
+/// stream provisioned so a publish works before the workers (starting meanwhile, and
+/// provisioning the same stream and their consumers) are up.
+pub async fn connect(
+    database_url: &str,
+    schema: &str,
+    nats_url: &str,
+) -> anyhow::Result<(jobwarden::store::Store, jobwarden::broker::Broker)> {
+    let store = jobwarden::store::Store::connect(&jobwarden::config::DatabaseConfig {
+        url: database_url.to_string(),
+        schema: schema.to_string(),
+        pool_size: 8,
+        connect_timeout: std::time::Duration::from_secs(5),
+    })
+    .await?;
+    store.migrate().await?;
+    let broker = jobwarden::broker::Broker::connect(&jobwarden::config::NatsConfig {
+        url: nats_url.to_string(),
+        ..Default::default()
+    })
+    .await?;
+    broker.provision_stream().await?;
+    Ok((store, broker))
 }

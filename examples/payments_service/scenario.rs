@@ -315,14 +315,7 @@ async fn wait_charged(store: &Store, n: i64, limit: Duration) -> anyhow::Result<
 pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     let started = Instant::now();
     std::fs::create_dir_all(&s.log_dir)?;
-    let db = jobwarden::config::DatabaseConfig {
-        url: s.database_url.clone(),
-        schema: s.schema.clone(),
-        pool_size: 8,
-        connect_timeout: Duration::from_secs(5),
-    };
-    let store = Store::connect(&db).await?;
-    store.migrate().await?;
+    let (store, broker) = pod::connect(&s.database_url, &s.schema, &s.nats_url).await?;
     store
         .raw()
         .await?
@@ -336,11 +329,6 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
                  created_at timestamptz NOT NULL DEFAULT now())",
         )
         .await?;
-    let nats = jobwarden::config::NatsConfig {
-        url: s.nats_url.clone(),
-        ..Default::default()
-    };
-    let broker = jobwarden::broker::Broker::connect(&nats).await?;
 
     let gw = Arc::new(Mutex::new(Gateway {
         fail_every: s.fail_every,

@@ -126,22 +126,7 @@ fn secs(d: Duration) -> String {
 
 pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&s.log_dir)?;
-    let db = jobwarden::config::DatabaseConfig {
-        url: s.database_url.clone(),
-        schema: s.schema.clone(),
-        pool_size: 4,
-        connect_timeout: Duration::from_secs(5),
-    };
-    let store = Store::connect(&db).await?;
-    store.migrate().await?;
-    let broker = jobwarden::broker::Broker::connect(&jobwarden::config::NatsConfig {
-        url: s.nats_url.clone(),
-        ..Default::default()
-    })
-    .await?;
-    // The stream exists before the first publish (the workers, starting meanwhile, provision
-    // the same one and their consumers).
-    broker.provision_stream().await?;
+    let (store, broker) = pod::connect(&s.database_url, &s.schema, &s.nats_url).await?;
     let client = jobwarden::client::Client::new(store.clone(), broker);
     let heartbeat = s.dead_after / 5;
     let config = s.log_dir.join("jobwarden.toml");

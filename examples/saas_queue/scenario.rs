@@ -22,7 +22,6 @@ use axum::routing::post;
 use axum::{Json, Router};
 use futures::StreamExt;
 use jobwarden::client::{Client, EnqueueOptions};
-use jobwarden::store::Store;
 use pod::Pod;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -285,22 +284,7 @@ handler = {{ kind = "http", url = "{app}/work" }}
 
 pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&s.log_dir)?;
-    let db = jobwarden::config::DatabaseConfig {
-        url: s.database_url.clone(),
-        schema: s.schema.clone(),
-        pool_size: 8,
-        connect_timeout: Duration::from_secs(5),
-    };
-    let store = Store::connect(&db).await?;
-    store.migrate().await?;
-    let broker = jobwarden::broker::Broker::connect(&jobwarden::config::NatsConfig {
-        url: s.nats_url.clone(),
-        ..Default::default()
-    })
-    .await?;
-    // The stream exists before the first publish (the workers, starting meanwhile, provision
-    // the same one and their consumers).
-    broker.provision_stream().await?;
+    let (store, broker) = pod::connect(&s.database_url, &s.schema, &s.nats_url).await?;
     // The alert subscriber: every dead-lettered job is announced on jobwarden.dead.<queue>.
     let mut alerts = broker.client.subscribe("jobwarden.dead.>").await?;
     let heard = Arc::new(Mutex::new(Vec::<String>::new()));
