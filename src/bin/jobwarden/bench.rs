@@ -8,6 +8,10 @@
 //! 1. throughput: publish N jobs first, start the worker, time until all are completed;
 //! 2. latency: with the worker idle and waiting, publish jobs at a steady rate; each payload
 //!    carries its publish time, the handler records `start - publish`.
+//!
+//! The throughput phase also reports what each job cost PostgreSQL ([`PgCost`]): WAL bytes,
+//! transactions, rows inserted and updated (and how many updates were HOT) per table, read
+//! from the server's own counters around the phase.
 
 use anyhow::{Context, Result};
 use jobwarden::broker::Broker;
@@ -136,6 +140,9 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
             lat.jobs,
             args.rate,
         );
+        if let Some(cost) = &through.cost {
+            println!("{kind:>4} handler: {}", cost.per_job(through.jobs));
+        }
     }
     println!(
         "peak RSS (worker + bench publisher, one process): {:.1} MiB",
@@ -157,6 +164,91 @@ struct PhaseResult {
     jobs: usize,
     elapsed: Duration,
     latencies_us: Vec<u64>,
+    cost: Option<PgCost>,
+}
+
+/// What a phase cost PostgreSQL, from its own counters (`pg_current_wal_lsn()`,
+/// `pg_stat_database`, `pg_stat_user_tables` of the phase's schema). The database counters
+/// include anything else running on that database meanwhile.
+#[derive(Debug, Default, Clone)]
+pub struct PgCost {
+    pub wal_bytes: i64,
+    pub commits: i64,
+    /// Per table of the schema: (table, inserted, updated, HOT-updated, deleted).
+    pub tables: Vec<(String, i64, i64, i64, i64)>,
+}
+
+impl PgCost {
+    async fn before(store: &Store) -> Result<(String, i64)> {
+        let c = store.raw().await?;
+        let r = c
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, xact_commit FROM pg_stat_database \
+                 WHERE datname = current_database()",
+                &[],
+            )
+            .await?;
+        Ok((r.get(0), r.get(1)))
+    }
+
+    /// After the phase's connections closed (each flushes its counters as it ends).
+    async fn after(store: &Store, before: (String, i64)) -> Result<PgCost> {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let c = store.raw().await?;
+        c.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+        let r = c
+            .query_one(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::int8, \
+                 xact_commit FROM pg_stat_database WHERE datname = current_database()",
+                &[&before.0],
+            )
+            .await?;
+        let tables = c
+            .query(
+                "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del \
+                 FROM pg_stat_user_tables WHERE schemaname = current_schema() \
+                   AND n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY relname",
+                &[],
+            )
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect();
+        Ok(PgCost {
+            wal_bytes: r.get(0),
+            commits: r.get::<_, i64>(1) - before.1,
+            tables,
+        })
+    }
+
+    /// One line: "per job: 1.9 kB WAL, 0.05 commits; jobs +1.00 ins 1.00 upd (0 % HOT); …".
+    pub fn per_job(&self, jobs: usize) -> String {
+        let n = jobs.max(1) as f64;
+        let mut parts = vec![format!(
+            "{:.0} B WAL, {:.3} commits",
+            self.wal_bytes as f64 / n,
+            self.commits as f64 / n
+        )];
+        for (t, ins, upd, hot, del) in &self.tables {
+            // Migrations and the worker's own row: not per-job costs.
+            if ((ins + upd + del) as f64) < n / 100.0 {
+                continue;
+            }
+            let mut p = format!("{t}: {:.2} ins", *ins as f64 / n);
+            if *upd > 0 {
+                p.push_str(&format!(
+                    " {:.2} upd ({:.0} % HOT)",
+                    *upd as f64 / n,
+                    100.0 * *hot as f64 / *upd as f64
+                ));
+            }
+            if *del > 0 {
+                p.push_str(&format!(" {:.2} del", *del as f64 / n));
+            }
+            parts.push(p);
+        }
+        format!("per job: {}", parts.join("; "))
+    }
 }
 
 async fn phase(
@@ -215,6 +307,7 @@ async fn phase(
     let cancel = CancellationToken::new();
     let result = if phase == Phase::Throughput {
         publish(&broker, &subject, n, None).await?;
+        let counters = PgCost::before(&store).await?;
         let started = Instant::now();
         let worker = Worker::new(config.clone())
             .rust_handler("noop", noop)
@@ -227,6 +320,7 @@ async fn phase(
             jobs: n,
             elapsed,
             latencies_us: vec![],
+            cost: PgCost::after(&store, counters).await.ok(),
         }
     } else {
         let worker = Worker::new(config.clone())
@@ -245,6 +339,7 @@ async fn phase(
             jobs: n,
             elapsed,
             latencies_us: l,
+            cost: None,
         }
     };
     let _ = broker.js.delete_stream(&config.nats.stream).await;
