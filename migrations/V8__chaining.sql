@@ -63,12 +63,19 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
         IF (s ? 'priority' AND ((s ->> 'priority') !~ '^[0-9]$'))
-           OR (s ? 'max_attempts' AND ((s ->> 'max_attempts') !~ '^[0-9]{1,4}$'
-                                       OR (s ->> 'max_attempts')::int NOT BETWEEN 1 AND 1000))
-           OR (s ? 'timeout_ms' AND ((s ->> 'timeout_ms') !~ '^[0-9]{1,9}$' OR (s ->> 'timeout_ms')::int < 1))
+           OR (s ? 'max_attempts' AND CASE WHEN (s ->> 'max_attempts') ~ '^[0-9]{1,4}$'
+                                          THEN (s ->> 'max_attempts')::int NOT BETWEEN 1 AND 1000
+                                          ELSE true END)
+           OR (s ? 'timeout_ms' AND CASE WHEN (s ->> 'timeout_ms') ~ '^[0-9]{1,9}$'
+                                        THEN (s ->> 'timeout_ms')::int8 NOT BETWEEN 1 AND 604800000
+                                        ELSE true END)
            OR (s ? 'delay_ms' AND (s ->> 'delay_ms') !~ '^[0-9]{1,12}$')
-           OR (s ? 'id' AND jsonb_typeof(s -> 'id') <> 'string') THEN
-            RAISE EXCEPTION 'jobwarden.enqueue: %[%]: priority must be 0 to 9, max_attempts 1 to 1000, timeout_ms and delay_ms whole milliseconds, id a string', what, i
+           OR (s ? 'id' AND (jsonb_typeof(s -> 'id') <> 'string'
+                             OR octet_length(s ->> 'id') NOT BETWEEN 1 AND 200
+                             OR (s ->> 'id') ~ '[[:space:][:cntrl:]/?#]'))
+           OR (s ? 'idempotency_key' AND (jsonb_typeof(s -> 'idempotency_key') <> 'string'
+                                          OR octet_length(s ->> 'idempotency_key') NOT BETWEEN 1 AND 200)) THEN
+            RAISE EXCEPTION 'jobwarden.enqueue: %[%]: priority must be 0 to 9, max_attempts 1 to 1000, timeout_ms 1 to 604800000 and delay_ms whole milliseconds, id and idempotency_key 1 to 200 bytes (an id without spaces, control characters, / ? or #)', what, i
                 USING ERRCODE = '22023';
         END IF;
         PERFORM chain_spec_check(s -> 'then', what || '[' || i || '].then');
@@ -133,25 +140,22 @@ BEGIN
     END IF;
     PERFORM chain_spec_check(enqueue.then_jobs, 'then_jobs');
     IF parents IS NOT NULL THEN
+        IF array_position(enqueue.depends_on, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION 'jobwarden.enqueue: depends_on holds a NULL; name each parent by its job id'
+                USING ERRCODE = '22023';
+        END IF;
         IF new_id = ANY (parents) THEN
             RAISE EXCEPTION 'jobwarden.enqueue: job % cannot depend on itself', quote_literal(new_id)
                 USING ERRCODE = '22023';
         END IF;
-        -- The parents must exist; lock them so one that is ending now is seen ended below.
         SELECT p INTO missing FROM unnest(parents) p
         WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = p) LIMIT 1;
         IF missing IS NOT NULL THEN
             RAISE EXCEPTION 'jobwarden.enqueue: depends_on names job %, which does not exist; enqueue the parents first',
                 quote_literal(missing) USING ERRCODE = '23503';
         END IF;
-        SELECT COALESCE(j.pipeline, j.id) INTO chain FROM jobs j WHERE j.id = parents[1];
-        -- Parents that begin a pipeline now belong to it (one query shows them all), and
-        -- learn they have dependents. The settle of a parent ending at this moment reads
-        -- has_dependents from the row it updates (the newest version, after this
-        -- transaction commits), so it marks itself for resolution; one that ended before is
-        -- marked below.
-        UPDATE jobs j SET pipeline = COALESCE(j.pipeline, chain), has_dependents = true
-        WHERE j.id = ANY (parents);
+        -- The pipeline of the first parent named (or the one it begins).
+        SELECT COALESCE(j.pipeline, j.id) INTO chain FROM jobs j WHERE j.id = enqueue.depends_on[1];
     ELSIF enqueue.then_jobs IS NOT NULL THEN
         chain := new_id;
     END IF;
@@ -167,9 +171,17 @@ BEGIN
     IF got IS NOT NULL THEN
         IF parents IS NOT NULL THEN
             INSERT INTO job_deps (parent, child) SELECT p, got FROM unnest(parents) p;
-            -- Parents that have ended already are resolved by the next scheduler round.
-            UPDATE jobs SET chain_pending = true
-            WHERE jobs.id = ANY (parents) AND status IN ('completed', 'dead', 'cancelled');
+            -- The parents learn they have dependents, in their own rows: the settle of a parent
+            -- ending at this moment waits for this row lock and then reads the newest version,
+            -- so it marks itself for resolution; a parent that ended already is marked here.
+            -- (The lock lasts until this transaction commits: keep transactions that enqueue
+            -- with depends_on short. Rows that know already are not touched.)
+            UPDATE jobs j
+            SET has_dependents = true,
+                chain_pending = j.chain_pending OR j.status IN ('completed', 'dead', 'cancelled')
+            WHERE j.id = ANY (parents)
+              AND (NOT j.has_dependents
+                   OR (j.status IN ('completed', 'dead', 'cancelled') AND NOT j.chain_pending));
         END IF;
         -- Delivered on commit only; the payload names the schema, so workers of other
         -- installations in this database ignore it.

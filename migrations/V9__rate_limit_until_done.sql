@@ -4,8 +4,12 @@
 -- job's effect (the email it sends, the API call it makes) comes later than its start, by
 -- its handler's latency, which varies: a server counting what it receives could see one more
 -- than the limit in some window (the SaaS scenario saw 101 sends in 6 s with "100/6s"). Now
--- a grant counts from its job's start until a whole window after its job ended, so no two
--- effects of more than the limit can fall in one window, wherever in its job each happens.
+-- a grant counts for a window after its job started and again for a window after it ended:
+-- a job shorter than the window is counted from its start until a window after its end, so
+-- no window holds more than the limit's effects wherever in the job each happens. (A job
+-- longer than the window does not count while it runs past its first window: the limit
+-- stays a rate, not a cap on running jobs; an effect in the middle of such a job is not
+-- covered.)
 
 ALTER TABLE flow_grants ADD COLUMN done_at timestamptz;
 
@@ -52,22 +56,23 @@ BEGIN
         DELETE FROM flow_grants g
         WHERE g.queue = q AND g.done
           AND COALESCE(g.done_at, g.started_at, '-infinity') <= now() - win;
-        -- A job's effect (the email it sends) happens somewhere between its start and its
-        -- end, so a grant counts until its job has been over for a whole window: then no
-        -- later start can share a window with it, whatever the handler's latency.
+        -- A job's effect (the email it sends) comes after its start, by its handler's
+        -- latency: a grant counts for a window after its start and for a window after its
+        -- end, and while pending.
         SELECT count(*) INTO recent
         FROM flow_grants g LEFT JOIN workers w ON w.id = g.worker_id
         WHERE g.queue = q
           AND (g.started_at > now() - win
                OR g.done_at > now() - win
-               OR (NOT g.done AND w.stopped_at IS NULL AND w.id IS NOT NULL));
+               OR (g.started_at IS NULL AND NOT g.done AND w.stopped_at IS NULL
+                   AND w.id IS NOT NULL));
         SELECT least(burst, f.tokens + extract(epoch FROM now() - f.at) * 1000 / period_ms)
         INTO tok FROM flow_queues f WHERE f.queue = q;
         n := least(n, greatest(0, rate_n - recent), floor(tok)::integer);
         UPDATE flow_queues f SET tokens = tok - n, at = now() WHERE f.queue = q;
         IF n = 0 AND want > 0 THEN
             IF recent >= rate_n THEN
-                SELECT min(COALESCE(g.done_at, now())) INTO oldest FROM flow_grants g
+                SELECT min(COALESCE(g.done_at, g.started_at)) INTO oldest FROM flow_grants g
                 WHERE g.queue = q AND (g.started_at > now() - win OR g.done_at > now() - win);
                 wait_ms := greatest(wait_ms,
                     COALESCE(ceil(extract(epoch FROM oldest + win - now()) * 1000)::bigint, 50));

@@ -100,6 +100,7 @@ pub fn check_then(specs: &[Then]) -> Result<(), String> {
             if !t.payload.is_object() {
                 return Err(format!("{at}: payload must be a JSON object"));
             }
+            job::check_storable(&t.payload).map_err(|e| format!("{at}: {e}"))?;
             if let Some(id) = &t.id {
                 job::validate_id(id).map_err(|e| format!("{at}: id {e}"))?;
             }
@@ -109,8 +110,22 @@ pub fn check_then(specs: &[Then]) -> Result<(), String> {
             if t.max_attempts.is_some_and(|n| !(1..=1000).contains(&n)) {
                 return Err(format!("{at}: max_attempts must be from 1 to 1000"));
             }
-            if t.timeout_ms == Some(0) {
-                return Err(format!("{at}: timeout_ms must be at least 1"));
+            if t.timeout_ms
+                .is_some_and(|ms| !(1..=604_800_000).contains(&ms))
+            {
+                return Err(format!(
+                    "{at}: timeout_ms must be from 1 to 604800000 (7 days)"
+                ));
+            }
+            if t.delay_ms.is_some_and(|ms| ms > 999_999_999_999) {
+                return Err(format!("{at}: delay_ms must be at most 999999999999"));
+            }
+            if let Some(k) = &t.idempotency_key {
+                if k.is_empty() || k.len() > 200 || k.chars().any(char::is_control) {
+                    return Err(format!(
+                        "{at}: idempotency_key must be 1 to 200 bytes without control characters"
+                    ));
+                }
             }
             if let Some(b) = &t.backoff {
                 b.validate().map_err(|e| format!("{at}: backoff: {e}"))?;

@@ -229,6 +229,20 @@ async fn a_dead_parent_dead_letters_its_descendants_and_retrying_it_revives_them
     assert_eq!(why.last_error.as_deref(), Some("parent child is dead"));
     assert_eq!(count(&runs, "child") + count(&runs, "grandchild"), 0);
 
+    // Retrying a doomed child alone does not run it: its parent is still dead.
+    let out = env.cli(&["dlq", "retry", "grandchild"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        env.status_of("grandchild").await.as_deref(),
+        Some("waiting")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        count(&runs, "grandchild"),
+        0,
+        "a child never runs before its parent completed"
+    );
+
     // The parent is fixed and retried from the dead-letter queue: the chain resumes.
     env.store
         .raw()
@@ -355,7 +369,12 @@ async fn sql_enqueue_and_the_cli_chain_jobs_too() {
     assert!(env.wait_status("sql-7-audit", "completed", 20).await);
     let pipeline = env.store.pipeline_jobs("sql-7").await.unwrap();
     let ids: Vec<&str> = pipeline.iter().map(|j| j.id.as_str()).collect();
-    assert_eq!(ids.len(), 5, "{ids:?}");
+    // The audit job joins the pipeline of its first parent; the stock job, a parent that
+    // began no pipeline, stays its own.
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    for id in ["sql-7", "sql-7.1", "sql-7-mail", "sql-7-audit"] {
+        assert!(ids.contains(&id), "{id} in {ids:?}");
+    }
     for id in [
         "sql-7",
         "sql-7.1",
@@ -363,7 +382,6 @@ async fn sql_enqueue_and_the_cli_chain_jobs_too() {
         "sql-7-stock",
         "sql-7-audit",
     ] {
-        assert!(ids.contains(&id), "{id} in {ids:?}");
         assert_eq!(count(&runs, id), 1, "{id}");
     }
     // Bad specs are refused by name.
@@ -465,5 +483,69 @@ async fn a_published_message_may_carry_then_and_one_with_depends_on_is_dead_lett
         .await,
         "the message is kept as a dead job that says how to enqueue it"
     );
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_then_spec_postgresql_refuses_holds_up_no_other_chain() {
+    let env = TestEnv::new(QUEUES).await;
+    let (h, runs) = recording();
+    let worker = env.worker(&[("h", h)]).await;
+    let c = client(&env);
+    // Two parents complete together: one with a `then` the database cannot create (written
+    // behind the validation's back), one with a good one; a child waits for both.
+    for id in ["bad", "good"] {
+        c.enqueue(
+            "charge",
+            json!({"hold_ms": 800}),
+            EnqueueOptions {
+                then: vec![Then::new("pdf", json!({"after": id}))],
+                ..opts(id)
+            },
+        )
+        .await
+        .unwrap();
+    }
+    c.enqueue(
+        "email",
+        json!({}),
+        EnqueueOptions {
+            depends_on: vec!["bad".into(), "good".into()],
+            ..opts("both")
+        },
+    )
+    .await
+    .unwrap();
+    env.store
+        .raw()
+        .await
+        .unwrap()
+        .batch_execute(
+            "UPDATE jobs SET then_jobs = '[{\"queue\": \"pdf\", \"payload\": {}, \"timeout_ms\": \"soon\"}]' WHERE id = 'bad'",
+        )
+        .await
+        .unwrap();
+    assert!(
+        env.wait_status("good.1", "completed", 20).await,
+        "the good then job ran"
+    );
+    assert!(
+        env.wait_status("both", "completed", 20).await,
+        "the child of both ran"
+    );
+    let bad = env.store.job_get("bad").await.unwrap().unwrap();
+    assert_eq!(bad.status, "completed");
+    let why = bad.last_error.unwrap_or_default();
+    assert!(why.starts_with("then jobs not created: "), "{why}");
+    assert!(
+        why.contains("soon"),
+        "the specs are kept in the reason: {why}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE id = 'bad.1'")
+            .await,
+        0
+    );
+    assert_eq!(count(&runs, "both"), 1);
     worker.shutdown().await;
 }

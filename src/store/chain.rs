@@ -35,13 +35,14 @@ pub struct PipelineJob {
 }
 
 impl Store {
-    /// Resolves the dependents of at most `limit` ended jobs (see `chain_resolve.sql`).
-    pub async fn chain_resolve(&self, limit: i64) -> Result<ChainRound> {
+    /// Resolves the dependents of at most `limit` ended jobs, or of `only` (see
+    /// `chain_resolve.sql`).
+    pub async fn chain_resolve(&self, limit: i64, only: Option<&str>) -> Result<ChainRound> {
         let c = self.client().await?;
         let st = c
             .prepare_cached(include_str!("sql/chain_resolve.sql"))
             .await?;
-        let r = c.query_one(&st, &[&limit]).await?;
+        let r = c.query_one(&st, &[&limit, &only]).await?;
         let ids: Vec<String> = r.get(3);
         let queues: Vec<String> = r.get(4);
         let errors: Vec<Option<String>> = r.get(5);
@@ -58,27 +59,64 @@ impl Store {
         })
     }
 
-    /// Marks ended parents of waiting jobs that nobody marked; returns how many.
-    pub async fn chain_recheck(&self) -> Result<u64> {
+    /// Jobs whose dependents wait to be resolved, at most `limit`.
+    pub async fn chain_pending_ids(&self, limit: i64) -> Result<Vec<String>> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/chain_pending_ids.sql"))
+            .await?;
+        Ok(c.query(&st, &[&limit])
+            .await?
+            .into_iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// Drops job `id`'s `then` specs, which cannot be created (`why`); true if it had some.
+    pub async fn chain_drop_then(&self, id: &str, why: &str) -> Result<bool> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/chain_drop_then.sql"))
+            .await?;
+        Ok(c.execute(&st, &[&id, &why]).await? > 0)
+    }
+
+    /// Stops trying to resolve job `id`'s dependents (`why`).
+    pub async fn chain_give_up(&self, id: &str, why: &str) -> Result<()> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(include_str!("sql/chain_give_up.sql"))
+            .await?;
+        c.execute(&st, &[&id, &why]).await?;
+        Ok(())
+    }
+
+    /// Marks ended parents of waiting jobs that nobody marked, and sends jobs doomed by a
+    /// parent that was retried since back to waiting; returns how many rows it changed.
+    pub async fn chain_recheck(&self) -> Result<i64> {
         let c = self.client().await?;
         let st = c
             .prepare_cached(include_str!("sql/chain_recheck.sql"))
             .await?;
-        Ok(c.execute(&st, &[]).await?)
+        Ok(c.query_one(&st, &[]).await?.get(0))
     }
 
-    /// Cancels every unfinished job of the pipeline `id` belongs to; returns their ids.
+    /// Cancels every unfinished job of the pipeline `id` belongs to, and the `then` jobs its
+    /// completed jobs have not created yet; returns the ids cancelled.
     pub async fn pipeline_cancel(&self, id: &str) -> Result<Vec<String>> {
-        let c = self.client().await?;
-        let st = c
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let drop_then = tx
+            .prepare_cached(include_str!("sql/pipeline_cancel_then.sql"))
+            .await?;
+        tx.execute(&drop_then, &[&id]).await?;
+        // A new statement, a new snapshot: jobs a round created meanwhile are seen.
+        let st = tx
             .prepare_cached(include_str!("sql/pipeline_cancel.sql"))
             .await?;
-        let mut ids: Vec<String> = c
-            .query(&st, &[&id])
-            .await?
-            .into_iter()
-            .map(|r| r.get(0))
-            .collect();
+        let rows = tx.query(&st, &[&id]).await?;
+        tx.commit().await?;
+        let mut ids: Vec<String> = rows.into_iter().map(|r| r.get(0)).collect();
         ids.sort();
         Ok(ids)
     }

@@ -559,8 +559,18 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("job_cancel", include_str!("sql/job_cancel.sql")),
     ("chain_resolve", include_str!("sql/chain_resolve.sql")),
     ("chain_recheck", include_str!("sql/chain_recheck.sql")),
+    (
+        "chain_pending_ids",
+        include_str!("sql/chain_pending_ids.sql"),
+    ),
+    ("chain_drop_then", include_str!("sql/chain_drop_then.sql")),
+    ("chain_give_up", include_str!("sql/chain_give_up.sql")),
     ("pipeline_jobs", include_str!("sql/pipeline_jobs.sql")),
     ("pipeline_cancel", include_str!("sql/pipeline_cancel.sql")),
+    (
+        "pipeline_cancel_then",
+        include_str!("sql/pipeline_cancel_then.sql"),
+    ),
     ("job_purge_dead", include_str!("sql/job_purge_dead.sql")),
     ("job_stats", include_str!("sql/job_stats.sql")),
     ("job_depth", include_str!("sql/job_depth.sql")),

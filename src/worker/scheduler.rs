@@ -22,7 +22,7 @@ use crate::job::Envelope;
 use crate::store::{DueJob, DueRound, PublishReport};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Most due jobs published in one round.
 const ROUND_LIMIT: i64 = 500;
@@ -76,9 +76,10 @@ impl Scheduler {
                 rechecked = std::time::Instant::now();
                 match self.shared.store.chain_recheck().await {
                     Ok(0) => {}
-                    Ok(n) => warn!(
+                    Ok(n) => info!(
                         jobs = n,
-                        "ended parents of waiting jobs were not resolved; resolving them now"
+                        "chain recheck: ended parents marked for resolution, or jobs doomed by \
+                         a retried parent waiting again"
                     ),
                     Err(e) => debug!(cause = %e, "chain recheck failed"),
                 }
@@ -107,14 +108,23 @@ impl Scheduler {
     }
 
     /// Resolves the dependents of ended jobs (`then` jobs created, waiting children made due,
-    /// dead or cancelled), generation after generation, until a round finds nothing.
+    /// dead or cancelled), generation after generation, until a round finds nothing. A round
+    /// that fails is done again one job at a time, so one job whose `then` cannot be created
+    /// (a spec PostgreSQL refuses) holds up no other: its specs are dropped, saying why.
     pub async fn resolve_chains(&self) -> Result<(), crate::store::StoreError> {
+        let store = &self.shared.store;
         for _ in 0..CHAIN_ROUNDS {
-            let round = self.shared.store.chain_resolve(CHAIN_LIMIT).await?;
-            for (id, queue, reason) in &round.dead {
-                warn!(job.id = %id, %queue, reason = %reason, "job dead-lettered: a job it depends on is dead");
-                self.shared.announce_dead(queue, id, Some(reason));
-            }
+            let round = match store.chain_resolve(CHAIN_LIMIT, None).await {
+                Ok(round) => round,
+                Err(e) => {
+                    warn!(cause = %e, "chain round failed; resolving one job at a time");
+                    for id in store.chain_pending_ids(CHAIN_LIMIT).await? {
+                        self.resolve_one(&id).await?;
+                    }
+                    return Ok(());
+                }
+            };
+            self.announce(&round);
             if round.parents == 0 {
                 break;
             }
@@ -126,6 +136,41 @@ impl Scheduler {
             );
         }
         Ok(())
+    }
+
+    async fn resolve_one(&self, id: &str) -> Result<(), crate::store::StoreError> {
+        let store = &self.shared.store;
+        let e = match store.chain_resolve(1, Some(id)).await {
+            Ok(round) => {
+                self.announce(&round);
+                return Ok(());
+            }
+            Err(e) => e.to_string(),
+        };
+        if store.chain_drop_then(id, &e).await? {
+            warn!(job.id = %id, cause = %e, "the job's then jobs cannot be created; dropped (kept in its last_error)");
+            match store.chain_resolve(1, Some(id)).await {
+                Ok(round) => {
+                    self.announce(&round);
+                    return Ok(());
+                }
+                Err(again) => {
+                    store.chain_give_up(id, &again.to_string()).await?;
+                    warn!(job.id = %id, cause = %again, "the job's dependents cannot be resolved");
+                }
+            }
+        } else {
+            store.chain_give_up(id, &e).await?;
+            warn!(job.id = %id, cause = %e, "the job's dependents cannot be resolved");
+        }
+        Ok(())
+    }
+
+    fn announce(&self, round: &crate::store::ChainRound) {
+        for (id, queue, reason) in &round.dead {
+            warn!(job.id = %id, %queue, reason = %reason, "job dead-lettered: a job it depends on is dead");
+            self.shared.announce_dead(queue, id, Some(reason));
+        }
     }
 
     /// Publishes one round of due jobs; returns what became of them.

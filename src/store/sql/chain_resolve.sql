@@ -3,18 +3,22 @@
 -- parents all completed becomes due now; one with a dead parent is dead, with a cancelled
 -- parent cancelled (and is itself pending, so its own children follow next round). Rows are
 -- locked with SKIP LOCKED, so several workers' schedulers share the work.
--- $1 most parents per round. Returns how many parents it took, jobs it created and children it
+-- $1 most parents per round; $2 one parent only (NULL: any). Returns how many parents it took, jobs it created and children it
 -- decided, and the children it dead-lettered (ids, queues, reasons).
 WITH parents AS (
     SELECT id, status, then_jobs, COALESCE(pipeline, id) AS pipeline
     FROM jobs
-    WHERE chain_pending
+    WHERE chain_pending AND ($2::text IS NULL OR id = $2::text)
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 specs AS (
-    SELECT p.id AS parent, p.pipeline, e.spec, COALESCE(e.spec ->> 'id', p.id || '.' || e.n) AS id
+    SELECT p.id AS parent, p.pipeline, e.spec,
+           COALESCE(e.spec ->> 'id',
+                    -- Derived ids stay within the 200 bytes an id may have.
+                    CASE WHEN octet_length(p.id || '.' || e.n) <= 200 THEN p.id || '.' || e.n
+                         ELSE left(p.id, 100) || '.' || md5(p.id) || '.' || e.n END) AS id
     FROM parents p, jsonb_array_elements(p.then_jobs) WITH ORDINALITY AS e(spec, n)
     WHERE p.status = 'completed' AND p.then_jobs IS NOT NULL
 ),

@@ -3,7 +3,8 @@
 -- $1 ids; $2 reasons.
 WITH d AS (
     UPDATE jobs j
-    SET status = 'dead', completed_at = now(), updated_at = now(), last_error = i.reason
+    SET status = 'dead', completed_at = now(), updated_at = now(), last_error = i.reason,
+        chain_pending = j.has_dependents
     FROM unnest($1::text[], $2::text[]) AS i(id, reason)
     WHERE j.id = ANY($1::text[]) AND j.id = i.id AND j.status = 'scheduled'
     RETURNING j.id, j.lease, j.attempts, j.queue, i.reason

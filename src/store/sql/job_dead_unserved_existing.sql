@@ -18,7 +18,7 @@ same AS (
 d AS (
     UPDATE jobs j
     SET status = 'dead', completed_at = now(), updated_at = now(), last_error = same.reason,
-        stale_at = NULL
+        stale_at = NULL, chain_pending = j.has_dependents
     FROM same
     WHERE j.id = same.id AND same.status IN ('queued', 'scheduled')
     RETURNING j.id, j.lease, j.attempts, same.reason
