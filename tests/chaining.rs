@@ -73,6 +73,14 @@ fn opts(id: &str) -> EnqueueOptions {
     }
 }
 
+/// Job `id`, waiting for `parents`.
+fn after(parents: &[&str], id: &str) -> EnqueueOptions {
+    EnqueueOptions {
+        depends_on: parents.iter().map(|p| p.to_string()).collect(),
+        ..opts(id)
+    }
+}
+
 #[tokio::test]
 async fn a_then_chain_runs_in_order_and_a_failure_in_the_middle_retries_only_that_step() {
     let env = TestEnv::new(QUEUES).await;
@@ -149,10 +157,7 @@ async fn fan_in_runs_the_child_once_after_every_parent_completed() {
         .enqueue(
             "email",
             json!({"all": "done"}),
-            EnqueueOptions {
-                depends_on: vec!["a".into(), "b".into(), "c".into()],
-                ..opts("fan-in")
-            },
+            after(&["a", "b", "c"], "fan-in"),
         )
         .await
         .unwrap();
@@ -162,19 +167,16 @@ async fn fan_in_runs_the_child_once_after_every_parent_completed() {
     assert!(env.wait_status("fan-in", "completed", 20).await);
     assert_eq!(count(&runs, "fan-in"), 1);
     // It started after the last parent completed.
-    let after = env
+    let started_after = env
         .scalar(
             "SELECT count(*) FROM jobs c, jobs p WHERE c.id = 'fan-in' AND p.id IN ('a','b','c') \
              AND c.started_at >= p.completed_at",
         )
         .await;
-    assert_eq!(after, 3);
+    assert_eq!(started_after, 3);
     // A child of parents that completed already runs at once; enqueueing it again is the
     // same job.
-    let late = EnqueueOptions {
-        depends_on: vec!["a".into(), "c".into()],
-        ..opts("late")
-    };
+    let late = after(&["a", "c"], "late");
     c.enqueue("email", json!({}), late.clone()).await.unwrap();
     assert!(env.wait_status("late", "completed", 10).await);
     let again = c.enqueue("email", json!({}), late).await.unwrap();
@@ -182,14 +184,7 @@ async fn fan_in_runs_the_child_once_after_every_parent_completed() {
     assert_eq!(count(&runs, "late"), 1);
     // A parent that does not exist is refused, by name.
     let err = c
-        .enqueue(
-            "email",
-            json!({}),
-            EnqueueOptions {
-                depends_on: vec!["nope".into()],
-                ..opts("orphan")
-            },
-        )
+        .enqueue("email", json!({}), after(&["nope"], "orphan"))
         .await
         .unwrap_err()
         .to_string();
@@ -213,14 +208,10 @@ async fn a_dead_parent_dead_letters_its_descendants_and_retrying_it_revives_them
     )
     .await
     .unwrap();
-    let after = |parent: &str, id: &str| EnqueueOptions {
-        depends_on: vec![parent.into()],
-        ..opts(id)
-    };
-    c.enqueue("pdf", json!({}), after("p", "child"))
+    c.enqueue("pdf", json!({}), after(&["p"], "child"))
         .await
         .unwrap();
-    c.enqueue("email", json!({}), after("child", "grandchild"))
+    c.enqueue("email", json!({}), after(&["child"], "grandchild"))
         .await
         .unwrap();
     assert!(env.wait_status("grandchild", "dead", 20).await);
@@ -281,16 +272,9 @@ async fn a_cancelled_pipeline_runs_nothing_more() {
     )
     .await
     .unwrap();
-    c.enqueue(
-        "email",
-        json!({}),
-        EnqueueOptions {
-            depends_on: vec!["root".into()],
-            ..opts("after-root")
-        },
-    )
-    .await
-    .unwrap();
+    c.enqueue("email", json!({}), after(&["root"], "after-root"))
+        .await
+        .unwrap();
     assert!(env.wait_status("root", "processing", 10).await);
     let out = env.cli(&["jobs", "cancel", "--pipeline", "after-root"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -306,16 +290,9 @@ async fn a_cancelled_pipeline_runs_nothing_more() {
     c.enqueue("charge", json!({"hold_ms": 60_000}), opts("solo"))
         .await
         .unwrap();
-    c.enqueue(
-        "email",
-        json!({}),
-        EnqueueOptions {
-            depends_on: vec!["solo".into()],
-            ..opts("after-solo")
-        },
-    )
-    .await
-    .unwrap();
+    c.enqueue("email", json!({}), after(&["solo"], "after-solo"))
+        .await
+        .unwrap();
     let out = env.cli(&["jobs", "cancel", "solo"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(env.wait_status("after-solo", "cancelled", 10).await);
@@ -506,16 +483,9 @@ async fn a_then_spec_postgresql_refuses_holds_up_no_other_chain() {
         .await
         .unwrap();
     }
-    c.enqueue(
-        "email",
-        json!({}),
-        EnqueueOptions {
-            depends_on: vec!["bad".into(), "good".into()],
-            ..opts("both")
-        },
-    )
-    .await
-    .unwrap();
+    c.enqueue("email", json!({}), after(&["bad", "good"], "both"))
+        .await
+        .unwrap();
     env.store
         .raw()
         .await

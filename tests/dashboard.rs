@@ -123,6 +123,22 @@ async fn text(b: &Client, css: &str) -> String {
     panic!("{css}: {last}");
 }
 
+/// Logs in as admin with the form in the page's header.
+async fn log_in(b: &Client) {
+    b.find(Locator::Css("input[name='token']"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    b.find(Locator::Css("header form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 async fn count(b: &Client, css: &str) -> usize {
     b.find_all(Locator::Css(css)).await.unwrap().len()
 }
@@ -304,18 +320,7 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
         0,
         "read-only before login"
     );
-    b.find(Locator::Css("input[name='token']"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    b.find(Locator::Css("header form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    log_in(&b).await;
     b.goto(&format!("{base}/dead?queue=email")).await.unwrap();
     assert_eq!(count(&b, "#jobs tbody tr[data-id]").await, 4);
     fixed.store(true, Ordering::SeqCst);
@@ -601,18 +606,7 @@ async fn a_pipeline_is_one_view_and_an_admin_cancels_it_there() {
     );
     screenshot(&b, "dashboard-pipeline").await;
 
-    b.find(Locator::Css("input[name='token']"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    b.find(Locator::Css("header form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    log_in(&b).await;
     b.goto(&format!("{base}/pipeline?id=order-1"))
         .await
         .unwrap();
