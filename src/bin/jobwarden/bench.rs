@@ -141,7 +141,8 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
             args.rate,
         );
         if let Some(cost) = &through.cost {
-            println!("{kind:>4} handler: {}", cost.per_job(through.jobs));
+            // Not "<kind> handler:": scripts read the throughput from that line.
+            println!("{kind:>4} costs {}", cost.per_job(through.jobs));
         }
     }
     println!(
