@@ -35,7 +35,6 @@ impl HttpHandler {
             // servers with short keep-alive timeouts (gunicorn: 2 s, Node: 5 s) closing a
             // pooled connection just as we reuse it.
             .pool_idle_timeout(Duration::from_secs(1))
-            .pool_max_idle_per_host(16)
             .build()
             .expect("an HTTP client without TLS always builds");
         HttpHandler {
