@@ -185,6 +185,29 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
     let out = env.cli(&["dlq", "purge", "--older-than", "30d"]);
     assert!(text(&out).contains("deleted 0"), "{}", text(&out));
     worker.shutdown().await;
+    // An operator's own retention DELETE (docs/operations.md) takes the jobs' attempts
+    // along (a trigger since attempts carry no foreign key), and only theirs.
+    let attempts = "SELECT count(*) FROM job_attempts WHERE job_id IN ('bulk-1', 'bulk-2')";
+    assert!(env.scalar(attempts).await >= 4, "each ran twice");
+    let others = env
+        .scalar("SELECT count(*) FROM job_attempts WHERE job_id NOT LIKE 'bulk-%'")
+        .await;
+    assert!(others > 0);
+    let c = env.store.raw().await.unwrap();
+    let n = c
+        .execute(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE id LIKE 'bulk-%' LIMIT 10000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(env.scalar(attempts).await, 0);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM job_attempts WHERE job_id NOT LIKE 'bulk-%'")
+            .await,
+        others
+    );
 }
 
 #[tokio::test]

@@ -9,8 +9,9 @@
 -- existing row holds the message's payload (a message that lands on another job's id with
 -- another payload is a conflict the caller must keep visible).
 -- $1 worker id; $2 the queue's stale_after (ms) as this worker declares it; $3.. one array
--- per column of the batch. Every lookup also says `j.id = ANY($3)`, so the generic plan
--- reads the primary key instead of joining the whole table against the batch.
+-- per column of the batch. The lookups of existing rows take only the ids the insert did not
+-- (`others`, an array: empty for a batch of new jobs, the common case), so the generic plan
+-- reads the primary key for just those instead of joining the table against the batch.
 WITH input AS (
     SELECT *
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
@@ -39,6 +40,9 @@ inserted AS (
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue, j.backoff,
               j.traceparent
 ),
+others AS (
+    SELECT ARRAY(SELECT id FROM input WHERE id NOT IN (SELECT id FROM inserted)) AS ids
+),
 claimed AS (
     UPDATE jobs j
     SET status = 'processing', attempts = j.attempts + 1, worker_id = $1, lease = j.lease + 1,
@@ -46,7 +50,8 @@ claimed AS (
         stale_at = now() + $2::int8 * interval '1 millisecond', stage = NULL, progress = NULL,
         message = NULL, updated_at = now(), traceparent = COALESCE(j.traceparent, i.traceparent)
     FROM input i
-    WHERE (SELECT alive FROM me) AND j.id = ANY($3::text[]) AND j.id = i.id AND j.queue = i.queue
+    WHERE (SELECT alive FROM me) AND j.id = ANY((SELECT ids FROM others)::text[]) AND j.id = i.id
+      AND j.queue = i.queue
       AND (j.status = 'queued' OR (j.status = 'scheduled' AND j.scheduled_at <= now()))
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue,
               j.backoff, j.traceparent, j.payload = i.payload AS same_payload
@@ -63,7 +68,7 @@ answer AS (
     SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false,
            j.queue, NULL::jsonb, NULL::text, j.payload = i.payload
     FROM jobs j JOIN input i ON i.id = j.id
-    WHERE j.id = ANY($3::text[]) AND j.id NOT IN (SELECT id FROM claimed)
+    WHERE j.id = ANY((SELECT ids FROM others)::text[]) AND j.id NOT IN (SELECT id FROM claimed)
 )
 SELECT i.idx, (SELECT alive FROM me), a.id IS NOT NULL AS found, a.status, a.attempts, a.max_attempts, a.lease,
        a.timeout_ms, a.payload, a.fresh, a.queue, a.backoff, a.traceparent, a.same_payload

@@ -36,11 +36,17 @@ history AS (
     INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
     SELECT id, lease, attempt, $1, started_at, outcome, error, queue FROM done
 ),
+-- Attempts this statement did not settle: the rare case, so the lookup of their rows is
+-- driven by their ids alone (an empty array when every attempt settled).
+unsettled AS (
+    SELECT * FROM input WHERE id NOT IN (SELECT id FROM done)
+),
 late AS (
     INSERT INTO job_attempts (job_id, lease, attempt, worker_id, outcome, error)
-    SELECT i.id, i.lease, 0, $1, 'lost_ownership',
-           'late result (' || i.outcome || ') rejected: the job was taken from this worker'
-    FROM input i JOIN jobs j ON j.id = i.id
-    WHERE j.id = ANY($2::text[]) AND (j.worker_id IS DISTINCT FROM $1 OR j.lease <> i.lease)
+    SELECT u.id, u.lease, 0, $1, 'lost_ownership',
+           'late result (' || u.outcome || ') rejected: the job was taken from this worker'
+    FROM unsettled u JOIN jobs j ON j.id = u.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM unsettled))
+      AND (j.worker_id IS DISTINCT FROM $1 OR j.lease <> u.lease)
 )
 SELECT id FROM done
