@@ -28,7 +28,7 @@ use crate::handler::{exec::KILL_GRACE, AttemptControl};
 use crate::job::{self, MessageOrigin};
 use crate::store::{Claim, ClaimInput};
 use async_nats::jetstream::{consumer::PullConsumer, message::Acker, AckKind};
-use futures::stream::{BoxStream, SelectAll};
+use futures::stream::{BoxStream, FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -147,6 +147,29 @@ enum Answer {
     NotTried,
 }
 
+/// Claim statements in flight at once per queue: the next group is claimed while the last
+/// one's statement runs and commits, so the producer does not idle on a round trip.
+const CLAIMS_IN_FLIGHT: usize = 2;
+
+/// A claim group on its way to PostgreSQL: the messages it claims (with their inputs at the
+/// same positions), and those it already knows the fate of.
+struct Claiming {
+    inputs: Vec<ClaimInput>,
+    messages: Vec<Delivered>,
+    rejected: Vec<Rejected>,
+    dropped: Vec<Delivered>,
+}
+
+/// A claim's answers (none when nothing was claimed; the flag false when this worker is not
+/// registered), and how the database fared (for the outage log).
+type ClaimAnswer = (Option<(bool, Vec<Answer>)>, Option<Result<(), String>>);
+type ClaimDone = (
+    Claiming,
+    Option<(bool, Vec<Answer>)>,
+    Option<Result<(), String>>,
+);
+type Pending = FuturesUnordered<futures::future::BoxFuture<'static, ClaimDone>>;
+
 /// A message that cannot run as it is: its id, and why.
 pub(crate) struct Rejected {
     pub delivered: Delivered,
@@ -214,6 +237,10 @@ pub(crate) struct Producer {
     slots: Arc<Semaphore>,
     freed: Arc<Notify>,
     claims: Outage,
+    /// Messages in claim statements still in flight: their slots are spoken for.
+    claiming: usize,
+    /// Set once the producer stops: claims that answer after it go back (released).
+    stopping: bool,
     /// Work pulls sent so far (for `fair_every`).
     pulls_sent: u64,
     /// Grants of a queue with a cluster-wide cap or rate limit.
@@ -257,8 +284,15 @@ impl Producer {
             done,
             freed: Arc::new(Notify::new()),
             claims: Outage::new("claim"),
+            claiming: 0,
+            stopping: false,
             pulls_sent: 0,
         }
+    }
+
+    /// Slots neither running a job nor promised to a claim in flight.
+    fn free_slots(&self) -> usize {
+        self.slots.available_permits().saturating_sub(self.claiming)
     }
 
     /// The lane the next work pull goes to: the highest-priority hot lane, except that every
@@ -287,6 +321,8 @@ impl Producer {
         let mut work_pulls = 0usize;
         let mut next_pull = 0u64;
         let mut jobs: JoinSet<()> = JoinSet::new();
+        // Claim statements in flight (at most CLAIMS_IN_FLIGHT).
+        let mut pending: Pending = FuturesUnordered::new();
         // Messages that arrived with no free slot (from doorbells): they take the next slots,
         // highest priority first, or go back to the stream after HOLD_MAX.
         let mut held: Vec<(Delivered, Instant)> = Vec::new();
@@ -303,7 +339,7 @@ impl Producer {
         loop {
             // A worker fenced off from PostgreSQL takes no new work until it is back.
             let fenced = self.shared.fenced.load(Ordering::SeqCst);
-            let permits = self.slots.available_permits();
+            let permits = self.free_slots();
             let free = permits.saturating_sub(reserved);
             // What a message of a lane with work may have: the free slots and those an idle
             // lane's watch holds.
@@ -324,7 +360,7 @@ impl Producer {
                     loose -= taken;
                     let take: Vec<Delivered> = held.drain(..n).map(|(d, _)| d).collect();
                     let before = held.len();
-                    self.admit(take, &mut held, &mut jobs).await;
+                    self.admit(take, &mut held, &mut jobs, &mut pending).await;
                     // Unless messages went back to wait for grants (then on to the timers).
                     if held.len() <= before {
                         continue;
@@ -403,7 +439,7 @@ impl Producer {
                     if self.lanes[i].hot || self.lanes[i].doorbell {
                         continue;
                     }
-                    let free = self.slots.available_permits().saturating_sub(reserved);
+                    let free = self.free_slots().saturating_sub(reserved);
                     let (kind, n) = if self.watched == Some(i) && free > 0 {
                         (PullKind::Watch, free.min(batch_cap))
                     } else {
@@ -466,6 +502,9 @@ impl Producer {
                 _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
                 _ = tokio::time::sleep_until(hold_until.into()), if !held.is_empty() => {}
                 _ = tokio::time::sleep_until(flow_wait.unwrap_or_else(Instant::now).into()), if flow_wait.is_some() => {}
+                Some(done) = pending.next(), if !pending.is_empty() => {
+                    self.finish_claim(done, &mut jobs).await;
+                }
                 Some(_) = jobs.join_next(), if !jobs.is_empty() => {
                     if let Some(f) = self.flow.as_mut() {
                         f.job_ended();
@@ -556,13 +595,14 @@ impl Producer {
                 // A work pull's messages have their slots (a watch's, those it still held); a
                 // doorbell's only if one is free.
                 arrived.sort_by_key(|d| d.rank);
-                let room = self.slots.available_permits().saturating_sub(reserved);
+                let room = self.free_slots().saturating_sub(reserved);
                 if arrived.len() > room {
                     let now = Instant::now();
                     held.extend(arrived.drain(room..).map(|d| (d, now)));
                 }
                 if !arrived.is_empty() {
-                    self.admit(arrived, &mut held, &mut jobs).await;
+                    self.admit(arrived, &mut held, &mut jobs, &mut pending)
+                        .await;
                 }
             } else {
                 for i in empty_ended {
@@ -570,8 +610,13 @@ impl Producer {
                 }
             }
         }
-        // Stop fetching. Messages already delivered to us go back at once (a job that exists
-        // only as a message would otherwise wait for the adopter).
+        // Stop fetching. Claims still in flight: what they claimed goes back (released, the
+        // attempt refunded). Messages already delivered to us go back at once (a job that
+        // exists only as a message would otherwise wait for the adopter).
+        self.stopping = true;
+        while let Some(done) = pending.next().await {
+            self.finish_claim(done, &mut jobs).await;
+        }
         for (d, _) in held.drain(..) {
             self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
         }
@@ -685,11 +730,14 @@ impl Producer {
 
     /// Claims one group of delivered messages and dispatches the claimed jobs; returns how
     /// many jobs it started.
-    async fn claim_and_dispatch(
+    /// Decodes a group of messages and starts its claim statement; returns without waiting
+    /// for it unless `CLAIMS_IN_FLIGHT` are already out (then it finishes the first to answer).
+    async fn start_claim(
         &mut self,
         arrived: Vec<Delivered>,
         jobs: &mut JoinSet<()>,
-    ) -> usize {
+        pending: &mut Pending,
+    ) {
         let shared = self.shared.clone();
         let max_bytes = shared.config.worker.max_payload_bytes;
         let stream = shared.broker.stream_name().to_string();
@@ -734,14 +782,61 @@ impl Producer {
         if inputs.is_empty() {
             record_invalid(&shared, &queue, rejected).await;
             self.drop_messages(dropped);
-            return 0;
+            return;
         }
         // A worker fenced off (or declared dead) claims nothing: hand the messages back.
-        let answered = if shared.fenced.load(Ordering::SeqCst) {
-            None
-        } else {
-            self.claim(&inputs).await
+        if shared.fenced.load(Ordering::SeqCst) {
+            let back = messages
+                .into_iter()
+                .chain(dropped)
+                .chain(rejected.into_iter().map(|r| r.delivered));
+            self.hand_back(back).await;
+            return;
+        }
+        while pending.len() >= CLAIMS_IN_FLIGHT {
+            let Some(done) = pending.next().await else {
+                break;
+            };
+            self.finish_claim(done, jobs).await;
+        }
+        self.claiming += messages.len();
+        let group = Claiming {
+            inputs,
+            messages,
+            rejected,
+            dropped,
         };
+        let stale = self.policy.stale_after;
+        pending.push(
+            async move {
+                let (answered, health) = claim(&shared, stale, &group.inputs).await;
+                (group, answered, health)
+            }
+            .boxed(),
+        );
+    }
+
+    /// Takes a claim's answer: runs what it claimed, acks and drops what needs nothing,
+    /// keeps conflicts and invalid messages, hands the rest back. Returns how many it ran.
+    async fn finish_claim(&mut self, done: ClaimDone, jobs: &mut JoinSet<()>) -> usize {
+        let (group, answered, health) = done;
+        let Claiming {
+            inputs,
+            messages,
+            mut rejected,
+            mut dropped,
+        } = group;
+        self.claiming -= messages.len();
+        match health {
+            Some(Ok(())) => self.claims.ok(),
+            Some(Err(cause)) => {
+                self.claims.failed(&cause);
+            }
+            None => {}
+        }
+        let shared = self.shared.clone();
+        let stream = shared.broker.stream_name().to_string();
+        let queue = self.policy.name.clone();
         let Some((alive, claims)) = answered else {
             let back = messages
                 .into_iter()
@@ -758,7 +853,7 @@ impl Producer {
         }
         // A claim that committed as the worker fenced itself off (its answer came late) must
         // not run: others may take these jobs soon. They are given back, attempt refunded.
-        let give_back = shared.fenced.load(Ordering::SeqCst);
+        let give_back = shared.fenced.load(Ordering::SeqCst) || self.stopping;
         let mut dispatched = 0;
         let mut back = Vec::new();
         // Messages of other jobs that reused a taken id: kept as dead jobs under their own
@@ -788,7 +883,11 @@ impl Producer {
                     max_attempts,
                     ..
                 } if give_back => {
-                    warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back");
+                    if self.stopping {
+                        debug!(job.id = %id, job.lease = lease, "claimed as this worker stopped: giving it back");
+                    } else {
+                        warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back");
+                    }
                     let _ = self
                         .done
                         .send(Finished {
@@ -891,9 +990,10 @@ impl Producer {
         mut msgs: Vec<Delivered>,
         held: &mut Vec<(Delivered, Instant)>,
         jobs: &mut JoinSet<()>,
+        pending: &mut Pending,
     ) {
         let Some(flow) = self.flow.as_mut() else {
-            self.claim_and_dispatch(msgs, jobs).await;
+            self.start_claim(msgs, jobs, pending).await;
             return;
         };
         let granted = flow.reserve(msgs.len()).await;
@@ -908,7 +1008,12 @@ impl Producer {
             return;
         }
         let n = msgs.len();
-        let started = self.claim_and_dispatch(msgs, jobs).await;
+        // Under a cap or rate limit, one claim at a time: the grants used are known at once.
+        self.start_claim(msgs, jobs, pending).await;
+        let mut started = 0;
+        while let Some(done) = pending.next().await {
+            started += self.finish_claim(done, jobs).await;
+        }
         if let Some(flow) = self.flow.as_mut() {
             flow.used(n, started).await;
         }
@@ -950,65 +1055,6 @@ impl Producer {
         ));
     }
 
-    /// Claims a group. When one message's data makes PostgreSQL reject the whole statement
-    /// (a value it cannot store), claims them one by one so only that message is refused,
-    /// with PostgreSQL's reason; claims already committed then are kept whatever happens to
-    /// the rest. `None` when nothing was claimed (the database is unavailable); the flag is
-    /// false when this worker is not registered.
-    async fn claim(&mut self, inputs: &[ClaimInput]) -> Option<(bool, Vec<Answer>)> {
-        let store = &self.shared.store;
-        let me = &self.shared.worker_id;
-        let stale = self.policy.stale_after;
-        match store.job_claim(me, stale, inputs).await {
-            // Not registered: the statement wrote nothing, every message goes back.
-            Ok(a) if !a.alive => {
-                self.claims.ok();
-                return Some((false, inputs.iter().map(|_| Answer::NotTried).collect()));
-            }
-            Ok(a) => {
-                self.claims.ok();
-                return Some((true, a.claims.into_iter().map(Answer::Claim).collect()));
-            }
-            Err(e) if e.rejected_data().is_none() => {
-                self.claims.failed(&e);
-                return None;
-            }
-            Err(_) => {}
-        }
-        let mut out = Vec::with_capacity(inputs.len());
-        // `alive`: still claiming; `registered`: the worker's row said it may.
-        let (mut alive, mut registered) = (true, true);
-        for input in inputs {
-            if !alive {
-                out.push(Answer::NotTried);
-                continue;
-            }
-            match store
-                .job_claim(me, stale, std::slice::from_ref(input))
-                .await
-            {
-                Ok(a) if !a.alive => {
-                    registered = false;
-                    alive = false;
-                    out.push(Answer::NotTried);
-                }
-                Ok(mut a) => out.push(Answer::Claim(a.claims.remove(0))),
-                Err(e) => match e.rejected_data() {
-                    Some(reason) => out.push(Answer::Refused(format!(
-                        "PostgreSQL cannot store this job: {reason}"
-                    ))),
-                    // Gone mid-way: what was claimed stays claimed, the rest goes back.
-                    None => {
-                        self.claims.failed(&e);
-                        alive = false;
-                        out.push(Answer::NotTried);
-                    }
-                },
-            }
-        }
-        Some((registered, out))
-    }
-
     /// Naks messages that were not claimed (they come back in a second), then pauses a
     /// little, longer while the database is failing.
     async fn hand_back(&self, msgs: impl IntoIterator<Item = Delivered>) {
@@ -1032,6 +1078,67 @@ impl Producer {
             self.shared.outbound.ack(&d.acker(), AckKind::Ack);
         }
     }
+}
+
+/// Claims a group. When one message's data makes PostgreSQL reject the whole statement
+/// (a value it cannot store), claims them one by one so only that message is refused,
+/// with PostgreSQL's reason; claims already committed then are kept whatever happens to
+/// the rest. `None` when nothing was claimed (the database is unavailable); the flag is
+/// false when this worker is not registered. Also says how the database fared (for the
+/// outage log), when there is something to say.
+async fn claim(shared: &Shared, stale: Duration, inputs: &[ClaimInput]) -> ClaimAnswer {
+    let store = &shared.store;
+    let me = &shared.worker_id;
+    match store.job_claim(me, stale, inputs).await {
+        // Not registered: the statement wrote nothing, every message goes back.
+        Ok(a) if !a.alive => {
+            return (
+                Some((false, inputs.iter().map(|_| Answer::NotTried).collect())),
+                Some(Ok(())),
+            );
+        }
+        Ok(a) => {
+            return (
+                Some((true, a.claims.into_iter().map(Answer::Claim).collect())),
+                Some(Ok(())),
+            );
+        }
+        Err(e) if e.rejected_data().is_none() => return (None, Some(Err(e.to_string()))),
+        Err(_) => {}
+    }
+    let mut out = Vec::with_capacity(inputs.len());
+    let mut health = None;
+    // `alive`: still claiming; `registered`: the worker's row said it may.
+    let (mut alive, mut registered) = (true, true);
+    for input in inputs {
+        if !alive {
+            out.push(Answer::NotTried);
+            continue;
+        }
+        match store
+            .job_claim(me, stale, std::slice::from_ref(input))
+            .await
+        {
+            Ok(a) if !a.alive => {
+                registered = false;
+                alive = false;
+                out.push(Answer::NotTried);
+            }
+            Ok(mut a) => out.push(Answer::Claim(a.claims.remove(0))),
+            Err(e) => match e.rejected_data() {
+                Some(reason) => out.push(Answer::Refused(format!(
+                    "PostgreSQL cannot store this job: {reason}"
+                ))),
+                // Gone mid-way: what was claimed stays claimed, the rest goes back.
+                None => {
+                    health = Some(Err(e.to_string()));
+                    alive = false;
+                    out.push(Answer::NotTried);
+                }
+            },
+        }
+    }
+    (Some((registered, out)), health)
 }
 
 /// The input of a message's own job, under its own message id (for keeping it dead).

@@ -5,13 +5,16 @@
 //! Each run uses its own schema, stream and subject prefix (dropped afterwards), so it can
 //! point at a shared PostgreSQL and nats-server. Phases, for the in-process Rust handler and
 //! then the HTTP handler (a local no-op app):
-//! 1. throughput: publish N jobs first, start the worker, time until all are completed;
-//! 2. latency: with the worker idle and waiting, publish jobs at a steady rate; each payload
-//!    carries its publish time, the handler records `start - publish`.
+//! 1. throughput: publish N jobs first, start the worker, time from the first job's start to
+//!    the last completion (as graphile-worker's and pg-boss's benchmarks time theirs);
+//! 2. latency, once per `--rate`: with the worker idle and waiting, publish jobs at a steady
+//!    rate; each payload carries its publish time, the handler records `start - publish`.
 //!
 //! The throughput phase also reports what each job cost PostgreSQL ([`PgCost`]): WAL bytes,
 //! transactions, rows inserted and updated (and how many updates were HOT) per table, read
-//! from the server's own counters around the phase.
+//! from the server's own counters around the phase. Then a `jobwarden run` process drains N
+//! jobs through the HTTP handler and its own peak RSS is read (the worker alone, as
+//! deployed); `--backlog 1000000` also drains a backlog that size, sampling its RSS.
 
 use anyhow::{Context, Result};
 use jobwarden::broker::Broker;
@@ -21,6 +24,7 @@ use jobwarden::store::Store;
 use jobwarden::worker::{Stats, Worker};
 use serde_json::json;
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
@@ -33,9 +37,10 @@ pub struct BenchArgs {
     /// Jobs in the latency phase.
     #[arg(long, default_value_t = 2_000)]
     pub latency_jobs: usize,
-    /// Publish rate in the latency phase (jobs per second).
-    #[arg(long, default_value_t = 500)]
-    pub rate: u64,
+    /// Publish rates of the latency phases (jobs per second), comma-separated: one phase
+    /// each, of `--latency-jobs` jobs or one second of traffic, whichever is more.
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 5000])]
+    pub rate: Vec<u64>,
     /// Handler slots of the bench queue.
     #[arg(long, default_value_t = 512)]
     pub concurrency: usize,
@@ -54,6 +59,14 @@ pub struct BenchArgs {
     /// A cluster-wide rate limit on the bench queue, e.g. 1000000/1s.
     #[arg(long)]
     pub rate_limit: Option<String>,
+    /// Skip the worker-alone phase (a `jobwarden run` process with the HTTP handler, whose
+    /// own peak RSS is measured).
+    #[arg(long)]
+    pub no_process: bool,
+    /// Also drain a backlog of this many jobs (e.g. 1000000) through a `jobwarden run`
+    /// process, sampling its RSS as the backlog goes down.
+    #[arg(long)]
+    pub backlog: Option<usize>,
 }
 
 fn now_micros() -> i64 {
@@ -65,16 +78,60 @@ fn now_micros() -> i64 {
 
 /// Peak resident set size of this process (VmHWM), in MiB.
 pub fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    proc_status_mib("self", "VmHWM:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (`VmHWM:` peak, `VmRSS:` now), in MiB.
+fn proc_status_mib(pid: &str, key: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
+}
+
+/// What the handlers saw: each job's publish→start latency, and when the first job started
+/// (throughput is timed from there to the last completion, as the peers' benchmarks do, so
+/// the worker's start-up is not in it).
+#[derive(Default)]
+struct Probe {
+    latencies: Mutex<Vec<u64>>,
+    first_start_us: AtomicI64,
+}
+
+impl Probe {
+    /// A job started; `published_us` is the publish time its payload carries.
+    fn started(&self, published_us: Option<i64>) {
+        let now = now_micros();
+        let _ = self
+            .first_start_us
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        if let Some(t) = published_us {
+            self.latencies.lock().unwrap().push((now - t).max(0) as u64);
+        }
+    }
+
+    fn reset(&self) {
+        self.latencies.lock().unwrap().clear();
+        self.first_start_us.store(0, Ordering::Relaxed);
+    }
+
+    /// Time from the first start until now.
+    fn since_first_start(&self) -> Duration {
+        let first = self.first_start_us.load(Ordering::Relaxed);
+        Duration::from_micros((now_micros() - first).max(0) as u64)
+    }
+
+    fn sorted_latencies(&self) -> Vec<u64> {
+        let mut l = self.latencies.lock().unwrap().clone();
+        l.sort_unstable();
+        l
+    }
 }
 
 /// p-th percentile (0–100) of sorted samples.
@@ -109,10 +166,11 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
     if !args.no_http {
         kinds.push("http");
     }
+    let mut app_url = None;
     for kind in kinds {
-        let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let probe = Arc::new(Probe::default());
         let app = if kind == "http" {
-            Some(NoopApp::start(latencies.clone()).await?)
+            Some(NoopApp::start(probe.clone()).await?)
         } else {
             None
         };
@@ -123,32 +181,73 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
             &base,
             &args,
             handler.clone(),
-            Phase::Throughput,
-            latencies.clone(),
+            Phase::Throughput(args.jobs),
+            probe.clone(),
         )
         .await?;
-        let lat = phase(&base, &args, handler, Phase::Latency, latencies).await?;
+        let mut lat = Vec::new();
+        for &rate in &args.rate {
+            let n = args.latency_jobs.max(rate as usize);
+            let r = phase(
+                &base,
+                &args,
+                handler.clone(),
+                Phase::Latency(rate, n),
+                probe.clone(),
+            )
+            .await?;
+            lat.push((rate, r));
+        }
+        let latency = |rate: u64, r: &PhaseResult| {
+            format!(
+                "publish→start latency p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} jobs at {rate}/s)",
+                percentile(&r.latencies_us, 50.0) as f64 / 1000.0,
+                percentile(&r.latencies_us, 95.0) as f64 / 1000.0,
+                percentile(&r.latencies_us, 99.0) as f64 / 1000.0,
+                r.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
+                r.jobs,
+            )
+        };
+        let first = lat
+            .first()
+            .map(|(rate, r)| format!(" | {}", latency(*rate, r)))
+            .unwrap_or_default();
         println!(
-            "{kind:>4} handler: {:>8.0} jobs/s ({} jobs in {:.2}s) | publish→start latency p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} jobs at {}/s)",
+            "{kind:>4} handler: {:>8.0} jobs/s ({} jobs in {:.2}s, first start to last completion){first}",
             through.jobs as f64 / through.elapsed.as_secs_f64(),
             through.jobs,
             through.elapsed.as_secs_f64(),
-            percentile(&lat.latencies_us, 50.0) as f64 / 1000.0,
-            percentile(&lat.latencies_us, 95.0) as f64 / 1000.0,
-            percentile(&lat.latencies_us, 99.0) as f64 / 1000.0,
-            lat.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
-            lat.jobs,
-            args.rate,
         );
+        // Not "<kind> handler:": scripts read the throughput from that line.
+        for (rate, r) in lat.iter().skip(1) {
+            println!("{kind:>4} latency at {rate}/s: {}", latency(*rate, r));
+        }
         if let Some(cost) = &through.cost {
-            // Not "<kind> handler:": scripts read the throughput from that line.
             println!("{kind:>4} costs {}", cost.per_job(through.jobs));
+        }
+        if let Some(a) = app {
+            app_url = Some(a);
         }
     }
     println!(
         "peak RSS (worker + bench publisher, one process): {:.1} MiB",
         peak_rss_mib()
     );
+    let app = match app_url {
+        Some(a) => Some(a),
+        None if !args.no_process || args.backlog.is_some() => {
+            Some(NoopApp::start(Arc::new(Probe::default())).await?)
+        }
+        None => None,
+    };
+    if let Some(app) = &app {
+        if !args.no_process {
+            worker_process(&base, &app.url, args.jobs, false).await?;
+        }
+        if let Some(n) = args.backlog {
+            worker_process(&base, &app.url, n, true).await?;
+        }
+    }
     if !args.no_recovery {
         crate::bench_recovery::run(&base).await?;
     }
@@ -157,8 +256,10 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
 
 #[derive(PartialEq, Clone, Copy)]
 enum Phase {
-    Throughput,
-    Latency,
+    /// This many jobs published first, then one worker drains them.
+    Throughput(usize),
+    /// (rate, jobs): published at a steady rate to an idle, waiting worker.
+    Latency(u64, usize),
 }
 
 struct PhaseResult {
@@ -257,9 +358,9 @@ async fn phase(
     args: &BenchArgs,
     http: Option<HandlerConfig>,
     phase: Phase,
-    latencies: Arc<Mutex<Vec<u64>>>,
+    probe: Arc<Probe>,
 ) -> Result<PhaseResult> {
-    latencies.lock().unwrap().clear();
+    probe.reset();
     let name = crate::testkit::unique_name("bench");
     let mut config = base.clone();
     config.database.schema = name.clone();
@@ -280,20 +381,14 @@ async fn phase(
     config.queues.insert("bench".into(), queue);
     config.validate()?;
 
-    let lat = latencies.clone();
+    let p = probe.clone();
     let noop: Arc<dyn Handler> = from_fn(move |job| {
-        let lat = lat.clone();
-        async move {
-            if let Some(t) = job.payload.get("t").and_then(|t| t.as_i64()) {
-                lat.lock().unwrap().push((now_micros() - t).max(0) as u64);
-            }
-            Ok(None)
-        }
+        p.started(job.payload.get("t").and_then(|t| t.as_i64()));
+        async { Ok(None) }
     });
-    let n = if phase == Phase::Throughput {
-        args.jobs
-    } else {
-        args.latency_jobs
+    let (n, rate) = match phase {
+        Phase::Throughput(n) => (n, None),
+        Phase::Latency(rate, n) => (n, Some(rate)),
     };
     // Provision first so messages published before the worker starts are kept.
     let store = Store::connect(&config.database).await?;
@@ -306,16 +401,15 @@ async fn phase(
     let subject = broker.subject("bench");
 
     let cancel = CancellationToken::new();
-    let result = if phase == Phase::Throughput {
+    let result = if rate.is_none() {
         publish(&broker, &subject, n, None).await?;
         let counters = PgCost::before(&store).await?;
-        let started = Instant::now();
         let worker = Worker::new(config.clone())
             .rust_handler("noop", noop)
             .start(cancel.clone())
             .await?;
         wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
-        let elapsed = started.elapsed();
+        let elapsed = probe.since_first_start();
         worker.shutdown().await;
         PhaseResult {
             jobs: n,
@@ -330,16 +424,14 @@ async fn phase(
             .await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
-        publish(&broker, &subject, n, Some(args.rate)).await?;
+        publish(&broker, &subject, n, rate).await?;
         wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
         let elapsed = started.elapsed();
         worker.shutdown().await;
-        let mut l = latencies.lock().unwrap().clone();
-        l.sort_unstable();
         PhaseResult {
             jobs: n,
             elapsed,
-            latencies_us: l,
+            latencies_us: probe.sorted_latencies(),
             cost: None,
         }
     };
@@ -348,14 +440,21 @@ async fn phase(
     Ok(result)
 }
 
-/// Publishes `n` plain-object jobs carrying their publish time; paced at `rate`/s if given.
+/// Publishes `n` plain-object jobs carrying their publish time; paced at `rate`/s if given
+/// (publish acks are awaited while there is time before the next one is due, so the pace
+/// holds at high rates).
 async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) -> Result<()> {
     let started = Instant::now();
-    let mut acks = Vec::with_capacity(1024);
+    let mut acks: Vec<async_nats::jetstream::context::PublishAckFuture> = Vec::with_capacity(1024);
     for i in 0..n {
         if let Some(r) = rate {
             let due = started + Duration::from_secs_f64(i as f64 / r as f64);
-            tokio::time::sleep_until(due.into()).await;
+            if due > Instant::now() {
+                for a in acks.drain(..) {
+                    a.await.context("publish ack")?;
+                }
+                tokio::time::sleep_until(due.into()).await;
+            }
         }
         let body = serde_json::to_vec(&json!({"t": now_micros(), "i": i}))?;
         acks.push(
@@ -365,7 +464,7 @@ async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) ->
                 .await
                 .context("publish")?,
         );
-        if acks.len() >= 1000 || rate.is_some() {
+        if acks.len() >= 1000 {
             for a in acks.drain(..) {
                 a.await.context("publish ack")?;
             }
@@ -373,6 +472,114 @@ async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) ->
     }
     for a in acks {
         a.await.context("publish ack")?;
+    }
+    Ok(())
+}
+
+/// Runs `n` jobs through a `jobwarden run` process (the HTTP handler, to the local no-op app
+/// at `url`) and prints its throughput and its own peak RSS — the worker alone, as deployed.
+/// With `sample`, the jobs wait as a backlog first and the process's RSS is read every 250 ms
+/// as it drains them (is memory flat under a large backlog?).
+async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Result<()> {
+    let name = crate::testkit::unique_name("benchp");
+    let mut config = base.clone();
+    config.database.schema = name.clone();
+    config.nats.stream = name.to_uppercase();
+    config.nats.subject_prefix = name.clone();
+    config.worker.api_listen = "127.0.0.1:0".into();
+    config.worker.ops_listen = "127.0.0.1:0".into();
+    config.queues.insert(
+        "bench".into(),
+        QueueConfig {
+            concurrency: 512,
+            handler: Some(HandlerConfig::Http { url: url.into() }),
+            ..QueueConfig::default()
+        },
+    );
+    config.validate()?;
+    let store = Store::connect(&config.database).await?;
+    store.migrate().await?;
+    let broker = Broker::connect(&config.nats).await?;
+    broker.provision_stream().await?;
+    broker
+        .provision_consumer(&jobwarden::broker::Lane::bare("bench"))
+        .await?;
+    let subject = broker.subject("bench");
+    let published = Instant::now();
+    publish(&broker, &subject, n, None).await?;
+    let publish_took = published.elapsed();
+    let path = std::env::temp_dir().join(format!("{name}.toml"));
+    std::fs::write(&path, config.to_redacted_toml())?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--config", path.to_str().expect("utf-8"), "run"])
+        // The real URLs (the file has them redacted).
+        .env("JOBWARDEN_DATABASE__URL", &base.database.url)
+        .env("JOBWARDEN_NATS__URL", &base.nats.url)
+        .env("JOBWARDEN_WORKER__HOSTNAME", "bench-process")
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .context("starting a worker process")?;
+    let pid = child.id().to_string();
+    let mut stream = broker.stream().await?;
+    let started = Instant::now();
+    // (jobs done, RSS MiB) samples.
+    let mut samples: Vec<(u64, f64)> = Vec::new();
+    let result = loop {
+        tokio::time::sleep(Duration::from_millis(if sample { 250 } else { 20 })).await;
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err(anyhow::anyhow!("the worker process exited: {status}"));
+        }
+        // Work-queue retention: a message is gone once acked, and it is acked only after
+        // its job's completion committed.
+        let Ok(info) = stream.info().await else {
+            continue;
+        };
+        let left = info.state.messages;
+        let done = (n as u64).saturating_sub(left);
+        if sample {
+            samples.push((done, proc_status_mib(&pid, "VmRSS:")));
+        }
+        if left == 0 {
+            break Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(3600) {
+            break Err(anyhow::anyhow!("{done} of {n} jobs done within an hour"));
+        }
+    };
+    let peak = proc_status_mib(&pid, "VmHWM:");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&path);
+    let _ = broker.js.delete_stream(&config.nats.stream).await;
+    store.drop_schema().await?;
+    let took = result?;
+    if sample {
+        let at = |share: f64| {
+            samples
+                .iter()
+                .find(|(d, _)| *d as f64 >= share * n as f64)
+                .map(|(_, r)| format!("{r:.1}"))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "backlog of {n} jobs (published in {:.1}s) through `jobwarden run`, http handler: {:.0} jobs/s; worker RSS at 1 % / 25 % / 50 % / 75 % / 99 % done: {} / {} / {} / {} / {} MiB, peak {peak:.1} MiB",
+            publish_took.as_secs_f64(),
+            n as f64 / took.as_secs_f64(),
+            at(0.01),
+            at(0.25),
+            at(0.5),
+            at(0.75),
+            at(0.99),
+        );
+    } else {
+        println!(
+            "worker alone (`jobwarden run`, http handler, {n} jobs): peak RSS {peak:.1} MiB; {:.0} jobs/s including its start-up",
+            n as f64 / took.as_secs_f64(),
+        );
     }
     Ok(())
 }
@@ -399,21 +606,13 @@ struct NoopApp {
 }
 
 impl NoopApp {
-    async fn start(latencies: Arc<Mutex<Vec<u64>>>) -> Result<NoopApp> {
+    async fn start(probe: Arc<Probe>) -> Result<NoopApp> {
         let app = axum::Router::new().route(
             "/jobs",
             axum::routing::post(move |body: axum::body::Bytes| {
-                let latencies = latencies.clone();
-                async move {
-                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                    if let Some(t) = v["payload"]["t"].as_i64() {
-                        latencies
-                            .lock()
-                            .unwrap()
-                            .push((now_micros() - t).max(0) as u64);
-                    }
-                    axum::http::StatusCode::OK
-                }
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                probe.started(v["payload"]["t"].as_i64());
+                async { axum::http::StatusCode::OK }
             }),
         );
         let (url, task) = serve_local(app).await?;
