@@ -78,6 +78,34 @@ impl<'a> Columns<'a> {
     }
 }
 
+/// A claim statement's answer row for one message (columns 3 to 13 of `job_claim.sql`, which
+/// `job_claim_new.sql` repeats) as the claim it made; `queue` is the message's.
+fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
+    let status = JobStatus::parse(r.get(3)).unwrap_or(JobStatus::Dead);
+    let payload: Option<Value> = r.get(8);
+    let fresh: bool = r.get(9);
+    let row_queue: String = r.get(10);
+    let conflict = !r.get::<_, Option<bool>>(13).unwrap_or(true);
+    if row_queue != queue {
+        Claim::WrongQueue(row_queue)
+    } else if status == JobStatus::Processing && (fresh || payload.is_some()) {
+        Claim::Claimed {
+            lease: r.get(6),
+            attempt: r.get(4),
+            max_attempts: r.get(5),
+            timeout_ms: r.get(7),
+            payload,
+            backoff: r
+                .get::<_, Option<Value>>(11)
+                .and_then(|v| serde_json::from_value(v).ok()),
+            traceparent: r.get(12),
+            conflict,
+        }
+    } else {
+        Claim::NotClaimable { status, conflict }
+    }
+}
+
 impl Store {
     /// Claims a batch of delivered jobs in one statement, as `worker_id`, with the stale
     /// deadline `stale_after` (the queue's, as this worker declares it). Ids must be distinct.
@@ -105,31 +133,53 @@ impl Store {
             if !r.get::<_, bool>(2) {
                 continue; // no row: inserted concurrently elsewhere (or not alive)
             }
-            let status = JobStatus::parse(r.get(3)).unwrap_or(JobStatus::Dead);
-            let payload: Option<Value> = r.get(8);
-            let fresh: bool = r.get(9);
-            let queue: String = r.get(10);
-            let conflict = !r.get::<_, Option<bool>>(13).unwrap_or(true);
-            claims[idx] = if queue != batch[idx].job.queue {
-                Claim::WrongQueue(queue)
-            } else if status == JobStatus::Processing && (fresh || payload.is_some()) {
-                Claim::Claimed {
-                    lease: r.get(6),
-                    attempt: r.get(4),
-                    max_attempts: r.get(5),
-                    timeout_ms: r.get(7),
-                    payload,
-                    backoff: r
-                        .get::<_, Option<Value>>(11)
-                        .and_then(|v| serde_json::from_value(v).ok()),
-                    traceparent: r.get(12),
-                    conflict,
-                }
-            } else {
-                Claim::NotClaimable { status, conflict }
-            };
+            claims[idx] = claim_of(&r, &batch[idx].job.queue);
         }
         Ok(ClaimAnswer { alive, claims })
+    }
+
+    /// The claim's common case (`job_claim_new.sql`): inserts the rows of the batch's new
+    /// jobs, already claimed, if this worker may claim. One answer per input, in input order:
+    /// `None` for a message it did not insert (its id exists, or this worker is not
+    /// registered) — [`Store::job_claim`] decides those.
+    pub async fn job_claim_new(
+        &self,
+        worker_id: &str,
+        stale_after: Duration,
+        batch: &[ClaimInput],
+    ) -> Result<Vec<Option<Claim>>> {
+        let cols = Columns::of(batch);
+        let stale = ms(stale_after);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id, &stale];
+        params.extend(cols.params());
+        let client = self.client().await?;
+        let st = client
+            .prepare_cached(include_str!("sql/job_claim_new.sql"))
+            .await?;
+        let rows = client.query(&st, &params).await?;
+        let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
+        if rows.len() == batch.len() {
+            // Every one inserted: the rows come back in input order.
+            for (i, r) in rows.iter().enumerate() {
+                if r.get::<_, &str>(0) == batch[i].job.id {
+                    claims[i] = Some(claim_of(r, &batch[i].job.queue));
+                }
+            }
+            if claims.iter().all(Option::is_some) {
+                return Ok(claims);
+            }
+        }
+        let at: std::collections::HashMap<&str, usize> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.job.id.as_str(), i))
+            .collect();
+        for r in &rows {
+            if let Some(&i) = at.get(r.get::<_, &str>(0)) {
+                claims[i] = Some(claim_of(r, &batch[i].job.queue));
+            }
+        }
+        Ok(claims)
     }
 
     /// Settles finished attempts in one statement; returns the ids whose fenced write took
@@ -156,7 +206,34 @@ impl Store {
                 ],
             )
             .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        let settled: Vec<String> = rows.into_iter().map(|r| r.get(0)).collect();
+        if settled.len() < batch.len() {
+            // The rare case: attempts whose job was taken from this worker. Their late
+            // results are recorded on their own; the settle itself is committed already.
+            let done: std::collections::HashSet<&str> =
+                settled.iter().map(String::as_str).collect();
+            let late: Vec<&SettleInput> = batch
+                .iter()
+                .filter(|s| !done.contains(s.id.as_str()))
+                .collect();
+            let ids: Vec<&str> = late.iter().map(|s| s.id.as_str()).collect();
+            let leases: Vec<i64> = late.iter().map(|s| s.lease).collect();
+            let outcomes: Vec<&str> = late.iter().map(|s| s.outcome).collect();
+            let recorded = match client
+                .prepare_cached(include_str!("sql/job_settle_late.sql"))
+                .await
+            {
+                Ok(st) => client
+                    .execute(&st, &[&worker_id, &ids, &leases, &outcomes])
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = recorded {
+                tracing::warn!(cause = %e, "could not record late results (the settle stands)");
+            }
+        }
+        Ok(settled)
     }
 
     /// Which of these attempts (id, lease, status settled to) this worker settled already:

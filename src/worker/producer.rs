@@ -1087,6 +1087,48 @@ impl Producer {
 /// false when this worker is not registered. Also says how the database fared (for the
 /// outage log), when there is something to say.
 async fn claim(shared: &Shared, stale: Duration, inputs: &[ClaimInput]) -> ClaimAnswer {
+    // The common case first: the messages are new jobs, and one plain insert claims them.
+    let fresh = match shared
+        .store
+        .job_claim_new(&shared.worker_id, stale, inputs)
+        .await
+    {
+        Ok(fresh) => fresh,
+        Err(e) if e.rejected_data().is_none() => return (None, Some(Err(e.to_string()))),
+        // One message's data was refused: the full claim finds which.
+        Err(_) => return claim_existing(shared, stale, inputs).await,
+    };
+    if fresh.iter().all(Option::is_some) {
+        let answers = fresh.into_iter().flatten().map(Answer::Claim).collect();
+        return (Some((true, answers)), Some(Ok(())));
+    }
+    // The rest exist already (or this worker may not claim): the full statement decides.
+    let rest: Vec<ClaimInput> = inputs
+        .iter()
+        .zip(&fresh)
+        .filter(|(_, f)| f.is_none())
+        .map(|(i, _)| i.clone())
+        .collect();
+    let (answered, health) = claim_existing(shared, stale, &rest).await;
+    let inserted = fresh.iter().any(Option::is_some);
+    let (alive, mut others) = match answered {
+        Some((alive, answers)) => (alive, answers.into_iter()),
+        // The inserts are committed claims: they run; the rest goes back.
+        None if inserted => (true, Vec::new().into_iter()),
+        None => return (None, health),
+    };
+    let answers = fresh
+        .into_iter()
+        .map(|f| match f {
+            Some(c) => Answer::Claim(c),
+            None => others.next().unwrap_or(Answer::NotTried),
+        })
+        .collect();
+    (Some((alive, answers)), health)
+}
+
+/// The full claim (`job_claim.sql`): new jobs and existing rows alike.
+async fn claim_existing(shared: &Shared, stale: Duration, inputs: &[ClaimInput]) -> ClaimAnswer {
     let store = &shared.store;
     let me = &shared.worker_id;
     match store.job_claim(me, stale, inputs).await {

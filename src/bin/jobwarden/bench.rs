@@ -566,7 +566,7 @@ async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Res
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "backlog of {n} jobs (published in {:.1}s) through `jobwarden run`, http handler: {:.0} jobs/s; worker RSS at 1 % / 25 % / 50 % / 75 % / 99 % done: {} / {} / {} / {} / {} MiB, peak {peak:.1} MiB",
+            "backlog of {n} jobs (published in {:.1}s) through `jobwarden run`, http handler: {:.0} jobs/s; worker RSS at 1 % / 25 % / 50 % / 75 % / 99 % done: {} / {} / {} / {} / {} MiB, max {peak:.1} MiB",
             publish_took.as_secs_f64(),
             n as f64 / took.as_secs_f64(),
             at(0.01),
@@ -577,7 +577,7 @@ async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Res
         );
     } else {
         println!(
-            "worker alone (`jobwarden run`, http handler, {n} jobs): peak RSS {peak:.1} MiB; {:.0} jobs/s including its start-up",
+            "worker alone (`jobwarden run` process, http handler, {n} jobs): max RSS {peak:.1} MiB, {:.0} jobs/s including its start-up",
             n as f64 / took.as_secs_f64(),
         );
     }

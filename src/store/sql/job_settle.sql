@@ -1,7 +1,7 @@
 -- Settles a batch of finished attempts in one statement, fenced by owner and lease: a row
 -- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt
--- leaves a row in job_attempts; so does each late result that was rejected.
--- Returns the ids it settled. (After a retry, job_settled_check finds the ones an earlier
+-- leaves a row in job_attempts. Returns the ids it settled; the caller records the rest as
+-- late results (job_settle_late.sql), the rare case, in a statement of their own. (After a retry, job_settled_check finds the ones an earlier
 -- try already settled whose commit answer was lost.)
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
 -- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release).
@@ -35,18 +35,5 @@ done AS (
 history AS (
     INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
     SELECT id, lease, attempt, $1, started_at, outcome, error, queue FROM done
-),
--- Attempts this statement did not settle: the rare case, so the lookup of their rows is
--- driven by their ids alone (an empty array when every attempt settled).
-unsettled AS (
-    SELECT * FROM input WHERE id NOT IN (SELECT id FROM done)
-),
-late AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, outcome, error)
-    SELECT u.id, u.lease, 0, $1, 'lost_ownership',
-           'late result (' || u.outcome || ') rejected: the job was taken from this worker'
-    FROM unsettled u JOIN jobs j ON j.id = u.id
-    WHERE j.id = ANY (ARRAY(SELECT id FROM unsettled))
-      AND (j.worker_id IS DISTINCT FROM $1 OR j.lease <> u.lease)
 )
 SELECT id FROM done
