@@ -130,6 +130,61 @@ async fn same_job_id_published_twice_runs_once() {
 }
 
 #[tokio::test]
+async fn a_group_of_new_and_existing_jobs_is_claimed_together_each_once() {
+    // The claim inserts new jobs with one statement and claims ids that exist with another:
+    // a group mixing both must run each job once, with its own payload.
+    let env = TestEnv::new(RUST_QUEUE).await;
+    // Before any worker: jobs enqueued through the client (their rows exist, queued, and
+    // their messages are published) and plain messages (no row yet), interleaved, so the
+    // first pulls bring both kinds together. Plus a second message for an enqueued job.
+    for i in 0..40 {
+        if i % 2 == 0 {
+            env.enqueue_id("work", &format!("old-{i}"), json!({ "n": i }))
+                .await
+                .unwrap();
+        } else {
+            env.publish_raw(
+                "work",
+                format!(r#"{{"id":"new-{i}","payload":{{"n":{i}}}}}"#),
+            )
+            .await;
+        }
+    }
+    env.publish_raw("work", r#"{"id":"old-0","payload":{"n":0}}"#)
+        .await;
+    let seen = Arc::new(Mutex::new(HashMap::<String, Vec<i64>>::new()));
+    let s = seen.clone();
+    let h = from_fn(move |job| {
+        s.lock()
+            .unwrap()
+            .entry(job.id.clone())
+            .or_default()
+            .push(job.payload["n"].as_i64().unwrap_or(-1));
+        async { Ok(None) }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    assert!(env.wait_count("completed", 40, 20).await);
+    env.wait_consumer_drained("work").await;
+    worker.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 40, "{seen:?}");
+    for (id, ns) in &seen {
+        let n: i64 = id.split('-').nth(1).unwrap().parse().unwrap();
+        assert_eq!(ns, &vec![n], "{id} ran with {ns:?}");
+    }
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM job_attempts WHERE outcome = 'completed'")
+            .await,
+        40
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE status <> 'completed' OR attempts <> 1")
+            .await,
+        0
+    );
+}
+
+#[tokio::test]
 async fn fails_twice_then_succeeds_with_three_attempts_recorded() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let h = from_fn(|job| async move {

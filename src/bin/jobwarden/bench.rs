@@ -242,10 +242,10 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
     };
     if let Some(app) = &app {
         if !args.no_process {
-            worker_process(&base, &app.url, args.jobs, false).await?;
+            worker_process(&base, &app.url, args.jobs, args.concurrency, false).await?;
         }
         if let Some(n) = args.backlog {
-            worker_process(&base, &app.url, n, true).await?;
+            worker_process(&base, &app.url, n, args.concurrency, true).await?;
         }
     }
     if !args.no_recovery {
@@ -480,7 +480,13 @@ async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) ->
 /// at `url`) and prints its throughput and its own peak RSS — the worker alone, as deployed.
 /// With `sample`, the jobs wait as a backlog first and the process's RSS is read every 250 ms
 /// as it drains them (is memory flat under a large backlog?).
-async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Result<()> {
+async fn worker_process(
+    base: &Config,
+    url: &str,
+    n: usize,
+    concurrency: usize,
+    sample: bool,
+) -> Result<()> {
     let name = crate::testkit::unique_name("benchp");
     let mut config = base.clone();
     config.database.schema = name.clone();
@@ -491,7 +497,7 @@ async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Res
     config.queues.insert(
         "bench".into(),
         QueueConfig {
-            concurrency: 512,
+            concurrency,
             handler: Some(HandlerConfig::Http { url: url.into() }),
             ..QueueConfig::default()
         },
@@ -566,7 +572,7 @@ async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Res
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "backlog of {n} jobs (published in {:.1}s) through `jobwarden run`, http handler: {:.0} jobs/s; worker RSS at 1 % / 25 % / 50 % / 75 % / 99 % done: {} / {} / {} / {} / {} MiB, max {peak:.1} MiB",
+            "backlog of {n} jobs (published in {:.1}s) through `jobwarden run`, http handler, {concurrency} slots: {:.0} jobs/s; worker RSS at 1 % / 25 % / 50 % / 75 % / 99 % done: {} / {} / {} / {} / {} MiB, max {peak:.1} MiB",
             publish_took.as_secs_f64(),
             n as f64 / took.as_secs_f64(),
             at(0.01),
@@ -577,7 +583,7 @@ async fn worker_process(base: &Config, url: &str, n: usize, sample: bool) -> Res
         );
     } else {
         println!(
-            "worker alone (`jobwarden run` process, http handler, {n} jobs): max RSS {peak:.1} MiB, {:.0} jobs/s including its start-up",
+            "worker alone (`jobwarden run` process, http handler, {concurrency} slots, {n} jobs): max RSS {peak:.1} MiB, {:.0} jobs/s including its start-up",
             n as f64 / took.as_secs_f64(),
         );
     }
