@@ -116,15 +116,8 @@ impl Store {
         stale_after: Duration,
         batch: &[ClaimInput],
     ) -> Result<ClaimAnswer> {
-        let cols = Columns::of(batch);
-        let stale = ms(stale_after);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id, &stale];
-        params.extend(cols.params());
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_claim.sql"))
-            .await?;
-        let rows = client.query(&st, &params).await?;
+        let sql = include_str!("sql/job_claim.sql");
+        let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
         let mut claims = vec![Claim::Duplicate; batch.len()];
         let mut alive = true;
         for r in rows {
@@ -148,15 +141,8 @@ impl Store {
         stale_after: Duration,
         batch: &[ClaimInput],
     ) -> Result<Vec<Option<Claim>>> {
-        let cols = Columns::of(batch);
-        let stale = ms(stale_after);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id, &stale];
-        params.extend(cols.params());
-        let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_claim_new.sql"))
-            .await?;
-        let rows = client.query(&st, &params).await?;
+        let sql = include_str!("sql/job_claim_new.sql");
+        let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
         let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
         if rows.len() == batch.len() {
             // Every one inserted: the rows come back in input order.
@@ -180,6 +166,24 @@ impl Store {
             }
         }
         Ok(claims)
+    }
+
+    /// Runs a claim statement (worker id, stale_after, the batch's columns) and returns its
+    /// answer rows.
+    async fn claim_rows(
+        &self,
+        sql: &str,
+        worker_id: &str,
+        stale_after: Duration,
+        batch: &[ClaimInput],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let cols = Columns::of(batch);
+        let stale = ms(stale_after);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id, &stale];
+        params.extend(cols.params());
+        let client = self.client().await?;
+        let st = client.prepare_cached(sql).await?;
+        Ok(client.query(&st, &params).await?)
     }
 
     /// Settles finished attempts in one statement; returns the ids whose fenced write took

@@ -361,14 +361,6 @@ async fn phase(
     probe: Arc<Probe>,
 ) -> Result<PhaseResult> {
     probe.reset();
-    let name = crate::testkit::unique_name("bench");
-    let mut config = base.clone();
-    config.database.schema = name.clone();
-    config.nats.stream = name.to_uppercase();
-    config.nats.subject_prefix = name.clone();
-    config.worker.api_listen = "127.0.0.1:0".into();
-    config.worker.ops_listen = "127.0.0.1:0".into();
-    config.worker.hostname = Some("bench".into());
     let queue = QueueConfig {
         concurrency: args.concurrency,
         handler: Some(http.unwrap_or(HandlerConfig::Rust {
@@ -378,9 +370,8 @@ async fn phase(
         rate_limit: args.rate_limit.clone(),
         ..QueueConfig::default()
     };
-    config.queues.insert("bench".into(), queue);
-    config.validate()?;
-
+    let (mut config, store, broker) = provisioned(base, "bench", "bench", queue).await?;
+    config.worker.hostname = Some("bench".into());
     let p = probe.clone();
     let noop: Arc<dyn Handler> = from_fn(move |job| {
         p.started(job.payload.get("t").and_then(|t| t.as_i64()));
@@ -390,14 +381,6 @@ async fn phase(
         Phase::Throughput(n) => (n, None),
         Phase::Latency(rate, n) => (n, Some(rate)),
     };
-    // Provision first so messages published before the worker starts are kept.
-    let store = Store::connect(&config.database).await?;
-    store.migrate().await?;
-    let broker = Broker::connect(&config.nats).await?;
-    broker.provision_stream().await?;
-    broker
-        .provision_consumer(&jobwarden::broker::Lane::bare("bench"))
-        .await?;
     let subject = broker.subject("bench");
 
     let cancel = CancellationToken::new();
@@ -438,6 +421,35 @@ async fn phase(
     let _ = broker.js.delete_stream(&config.nats.stream).await;
     store.drop_schema().await?;
     Ok(result)
+}
+
+/// A bench run's own configuration (schema, stream and subject prefix named `prefix-…`,
+/// local API and ops ports picked free) with one queue `queue`, and its store and broker with
+/// the schema migrated and the stream and queue's consumer provisioned — so messages
+/// published before a worker starts are kept.
+pub async fn provisioned(
+    base: &Config,
+    prefix: &str,
+    queue: &str,
+    policy: QueueConfig,
+) -> Result<(Config, Store, Broker)> {
+    let name = crate::testkit::unique_name(prefix);
+    let mut config = base.clone();
+    config.database.schema = name.clone();
+    config.nats.stream = name.to_uppercase();
+    config.nats.subject_prefix = name;
+    config.worker.api_listen = "127.0.0.1:0".into();
+    config.worker.ops_listen = "127.0.0.1:0".into();
+    config.queues.insert(queue.into(), policy);
+    config.validate()?;
+    let store = Store::connect(&config.database).await?;
+    store.migrate().await?;
+    let broker = Broker::connect(&config.nats).await?;
+    broker.provision_stream().await?;
+    broker
+        .provision_consumer(&jobwarden::broker::Lane::bare(queue))
+        .await?;
+    Ok((config, store, broker))
 }
 
 /// Publishes `n` plain-object jobs carrying their publish time; paced at `rate`/s if given
@@ -487,29 +499,13 @@ async fn worker_process(
     concurrency: usize,
     sample: bool,
 ) -> Result<()> {
-    let name = crate::testkit::unique_name("benchp");
-    let mut config = base.clone();
-    config.database.schema = name.clone();
-    config.nats.stream = name.to_uppercase();
-    config.nats.subject_prefix = name.clone();
-    config.worker.api_listen = "127.0.0.1:0".into();
-    config.worker.ops_listen = "127.0.0.1:0".into();
-    config.queues.insert(
-        "bench".into(),
-        QueueConfig {
-            concurrency,
-            handler: Some(HandlerConfig::Http { url: url.into() }),
-            ..QueueConfig::default()
-        },
-    );
-    config.validate()?;
-    let store = Store::connect(&config.database).await?;
-    store.migrate().await?;
-    let broker = Broker::connect(&config.nats).await?;
-    broker.provision_stream().await?;
-    broker
-        .provision_consumer(&jobwarden::broker::Lane::bare("bench"))
-        .await?;
+    let policy = QueueConfig {
+        concurrency,
+        handler: Some(HandlerConfig::Http { url: url.into() }),
+        ..QueueConfig::default()
+    };
+    let (config, store, broker) = provisioned(base, "benchp", "bench", policy).await?;
+    let name = config.database.schema.clone();
     let subject = broker.subject("bench");
     let published = Instant::now();
     publish(&broker, &subject, n, None).await?;

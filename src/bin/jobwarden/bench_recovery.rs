@@ -6,9 +6,7 @@
 //! - gone: it never comes back and another worker takes over — the heartbeat reaper.
 
 use anyhow::{Context, Result};
-use jobwarden::broker::Broker;
 use jobwarden::config::{Config, HandlerConfig, QueueConfig};
-use jobwarden::store::Store;
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -48,28 +46,13 @@ async fn scenario_run(
     starts: &Starts,
     scenario: &str,
 ) -> Result<Vec<Duration>> {
-    let name = crate::testkit::unique_name("benchr");
-    let mut config = base.clone();
-    config.database.schema = name.clone();
-    config.nats.stream = name.to_uppercase();
-    config.nats.subject_prefix = name.clone();
-    config.worker.api_listen = "127.0.0.1:0".into();
-    config.worker.ops_listen = "127.0.0.1:0".into();
-    config.queues.insert(
-        "r".into(),
-        QueueConfig {
-            concurrency: JOBS,
-            handler: Some(HandlerConfig::Http { url: url.into() }),
-            ..QueueConfig::default()
-        },
-    );
-    let store = Store::connect(&config.database).await?;
-    store.migrate().await?;
-    let broker = Broker::connect(&config.nats).await?;
-    broker.provision_stream().await?;
-    broker
-        .provision_consumer(&jobwarden::broker::Lane::bare("r"))
-        .await?;
+    let policy = QueueConfig {
+        concurrency: JOBS,
+        handler: Some(HandlerConfig::Http { url: url.into() }),
+        ..QueueConfig::default()
+    };
+    let (config, store, broker) = crate::bench::provisioned(base, "benchr", "r", policy).await?;
+    let name = config.database.schema.clone();
     let path = std::env::temp_dir().join(format!("{name}.toml"));
     std::fs::write(&path, config.to_redacted_toml())?;
     let spawn = |host: &str| -> Result<Child> {
