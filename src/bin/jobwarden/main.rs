@@ -253,7 +253,23 @@ enum JobsCommand {
     },
 }
 
+/// One malloc arena for the whole process, before any thread starts. glibc otherwise gives
+/// threads arenas of their own (up to 8 per core), and memory freed into one stays resident
+/// while another grows: draining a 300,000-job backlog, the worker peaked at 42.8 MiB with
+/// the default, 39.2 with two arenas, 34.3 with one, at the same throughput within noise.
+/// `MALLOC_ARENA_MAX` in the environment still decides when it is set.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no thread has started yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
+}
+
 fn main() {
+    one_malloc_arena();
     let cli = Cli::parse();
     init_tracing(cli.log_json);
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
