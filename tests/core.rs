@@ -338,6 +338,15 @@ async fn progress_reports_update_the_row_and_fenced_writes_of_a_lost_lease_are_r
     assert_eq!(job.worker_id.as_deref(), Some("thief-1-00000000"));
     assert_eq!(job.result, None);
     assert_eq!(stat(&worker.stats.completed), 0);
+    // Its late result is on record (job_settle_late.sql), under the old lease.
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM job_attempts WHERE job_id = 'p1' AND lease = {first_lease} \
+             AND outcome = 'lost_ownership' AND error LIKE 'late result (%'"
+        ))
+        .await,
+        1
+    );
     worker.shutdown().await;
 }
 
