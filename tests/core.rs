@@ -208,6 +208,22 @@ async fn fails_twice_then_succeeds_with_three_attempts_recorded() {
         .collect();
     assert_eq!(outcomes, vec![(1, "retry"), (2, "retry"), (3, "completed")]);
     assert_eq!(attempts[0].error.as_deref(), Some("flaky failure 1"));
+    // The completing attempt is read from the job's row (not logged twice): its owner, lease,
+    // start and run time are all there.
+    let done = &attempts[2];
+    assert_eq!(done.lease, job.lease);
+    assert_eq!(done.worker_id, job.worker_id);
+    assert!(done.worker_id.is_some(), "{done:?}");
+    assert!(
+        done.started_at.is_some() && done.duration_ms.is_some_and(|ms| ms >= 0),
+        "{done:?}"
+    );
+    assert!(done.error.is_none(), "{done:?}");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM job_attempt_log WHERE job_id = 'flaky'")
+            .await,
+        2
+    );
     env.wait_consumer_drained("work").await;
     worker.shutdown().await;
 }

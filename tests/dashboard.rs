@@ -460,12 +460,12 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
                 now() + (g % 60) * interval '1 minute',
                 now() - (g % 1440) * interval '1 minute', now() - g * interval '1 second'
          FROM generate_series(1, 10000) g;
-         INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, finished_at,
-                                   outcome, queue)
+         INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, finished_at,
+                                      outcome, queue)
          SELECT 'job-' || lpad(g::text, 5, '0'), 1, 1, 'w', now() - g * interval '9 second',
-                now() - g * interval '9 second' + interval '5 ms', 'completed', 'q' || (g % 8)
+                now() - g * interval '9 second' + interval '5 ms', 'retry', 'q' || (g % 8)
          FROM generate_series(10000, 1, -1) g;
-         ANALYZE jobs; ANALYZE job_attempts;",
+         ANALYZE jobs; ANALYZE job_attempt_log;",
     )
     .await
     .unwrap();
@@ -514,7 +514,7 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let plan: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
         let plan = plan.join("\n");
-        for table in ["jobs", "job_attempts"] {
+        for table in ["jobs", "job_attempt_log"] {
             assert!(
                 !plan.contains(&format!("Seq Scan on {table}")),
                 "{what} reads all of {table}:\n{plan}"

@@ -189,6 +189,8 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
     // along (a trigger since attempts carry no foreign key), and only theirs.
     let attempts = "SELECT count(*) FROM job_attempts WHERE job_id IN ('bulk-1', 'bulk-2')";
     assert!(env.scalar(attempts).await >= 4, "each ran twice");
+    let logged = "SELECT count(*) FROM job_attempt_log WHERE job_id IN ('bulk-1', 'bulk-2')";
+    assert!(env.scalar(logged).await >= 2, "each died once");
     let others = env
         .scalar("SELECT count(*) FROM job_attempts WHERE job_id NOT LIKE 'bulk-%'")
         .await;
@@ -203,6 +205,7 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
         .unwrap();
     assert_eq!(n, 2);
     assert_eq!(env.scalar(attempts).await, 0);
+    assert_eq!(env.scalar(logged).await, 0);
     assert_eq!(
         env.scalar("SELECT count(*) FROM job_attempts WHERE job_id NOT LIKE 'bulk-%'")
             .await,

@@ -22,7 +22,7 @@ adopted AS (
     RETURNING j.id, j.lease
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, outcome, error)
+    INSERT INTO job_attempt_log (job_id, lease, attempt, outcome, error)
     SELECT id, lease, 0, 'adopted',
            'delivered to a worker that stopped before claiming it; adopted from the stream'
     FROM adopted

@@ -21,7 +21,7 @@ d AS (
     RETURNING j.id, j.last_error
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, outcome, error)
+    INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, outcome, error)
     SELECT id, 0, 0, $1, 'dead', last_error FROM d
 )
 SELECT id FROM d

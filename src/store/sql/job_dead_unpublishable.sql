@@ -10,7 +10,7 @@ WITH d AS (
     RETURNING j.id, j.lease, j.attempts, j.queue, i.reason
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, outcome, error)
+    INSERT INTO job_attempt_log (job_id, lease, attempt, outcome, error)
     SELECT id, lease, attempts, 'dead', reason FROM d
 )
 SELECT id, queue FROM d

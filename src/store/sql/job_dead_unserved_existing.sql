@@ -24,7 +24,7 @@ d AS (
     RETURNING j.id, j.lease, j.attempts, same.reason
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, outcome, error)
+    INSERT INTO job_attempt_log (job_id, lease, attempt, outcome, error)
     SELECT id, lease, attempts, 'dead', reason FROM d
 )
 SELECT id, id IN (SELECT id FROM d) FROM same

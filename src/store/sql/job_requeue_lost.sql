@@ -23,7 +23,7 @@ r AS (
     RETURNING j.id, j.lease, j.attempts
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, outcome, error)
+    INSERT INTO job_attempt_log (job_id, lease, attempt, outcome, error)
     SELECT id, lease, attempts, 'broker_lost',
            'queued but its message is no longer in the stream; republished' FROM r
 )

@@ -1,6 +1,7 @@
 -- Settles a batch of finished attempts in one statement, fenced by owner and lease: a row
--- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt
--- leaves a row in job_attempts. Returns the ids it settled; the caller records the rest as
+-- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt that
+-- did not complete its job leaves a row in job_attempt_log; a completion is read from the
+-- job's own row (the job_attempts view shows both). Returns the ids it settled; the caller records the rest as
 -- late results (job_settle_late.sql), the rare case, in a statement of their own. (After a retry, job_settled_check finds the ones an earlier
 -- try already settled whose commit answer was lost.)
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
@@ -36,7 +37,8 @@ done AS (
               j.queue
 ),
 history AS (
-    INSERT INTO job_attempts (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
+    INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
     SELECT id, lease, attempt, $1, started_at, outcome, error, queue FROM done
+    WHERE outcome <> 'completed'
 )
 SELECT id FROM done

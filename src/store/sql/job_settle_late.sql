@@ -1,8 +1,8 @@
 -- Records late results: finished attempts a settle did not take because the job was taken
--- from this worker meanwhile (another owner, or a newer lease of ours). One job_attempts row
+-- from this worker meanwhile (another owner, or a newer lease of ours). One job_attempt_log row
 -- each, so "why did this job run twice?" is answered by the table.
 -- $1 worker id; $2 ids; $3 leases; $4 attempt outcomes.
-INSERT INTO job_attempts (job_id, lease, attempt, worker_id, outcome, error)
+INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, outcome, error)
 SELECT i.id, i.lease, 0, $1, 'lost_ownership',
        'late result (' || i.outcome || ') rejected: the job was taken from this worker'
 FROM unnest($2::text[], $3::int8[], $4::text[]) AS i(id, lease, outcome)
