@@ -15,9 +15,11 @@ ALTER INDEX job_attempts_finished RENAME TO job_attempt_log_finished;
 DELETE FROM job_attempt_log a USING jobs j
 WHERE a.job_id = j.id AND a.outcome = 'completed' AND j.status = 'completed';
 
--- Recent completions by time (the dashboard's last minute, job_stats' last day): rows are
--- written in time order, so a BRIN index finds them for almost nothing per write.
-CREATE INDEX jobs_completed_at ON jobs USING brin (completed_at);
+-- Recent completions by time (the dashboard's last minute, job_stats' last day). Written only
+-- by the settle of a completion (the claim's insert skips a partial index), always at its
+-- right-hand end. (Measured: a BRIN over all rows cost the claim and the settle 8 %; this
+-- costs the settle about as much as a partial BRIN would, and finds rows exactly.)
+CREATE INDEX jobs_completed_at ON jobs (completed_at) WHERE status = 'completed';
 
 CREATE VIEW job_attempts AS
 SELECT a.id, a.job_id, a.lease, a.attempt, a.worker_id, a.started_at, a.finished_at,
