@@ -137,6 +137,10 @@ async fn log_in(b: &Client) {
         .click()
         .await
         .unwrap();
+    // The click only submits the form: wait for the answer (the header names the admin), or
+    // the next navigation may go out before the session cookie is set.
+    let who = wait_text(b, "header", 10, |t| t.contains("Log out")).await;
+    assert!(who.contains("Log out"), "not logged in: {who}");
 }
 
 async fn count(b: &Client, css: &str) -> usize {
