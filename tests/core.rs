@@ -185,6 +185,46 @@ async fn a_group_of_new_and_existing_jobs_is_claimed_together_each_once() {
 }
 
 #[tokio::test]
+async fn the_fast_claim_of_a_group_holding_an_existing_id_inserts_none_of_it() {
+    // The insert has no ON CONFLICT: one id that exists fails the whole statement, and the
+    // store answers "none inserted" (the producer then claims the group with the full claim).
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let other = env
+        .claim_as("w-other", "taken", Duration::from_secs(60))
+        .await;
+    assert_eq!(other.claims.len(), 1);
+    let got = env
+        .claim_new_as("w-me", &["fresh-1", "taken", "fresh-2"])
+        .await;
+    assert!(got.iter().all(Option::is_none), "{got:?}");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE id LIKE 'fresh-%'")
+            .await,
+        0
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE id = 'taken' AND worker_id = 'w-other'")
+            .await,
+        1
+    );
+    // Without it, the same insert claims them all, in input order.
+    let got = env.claim_new_as("w-me", &["fresh-1", "fresh-2"]).await;
+    assert!(
+        got.iter()
+            .all(|c| matches!(c, Some(Claim::Claimed { attempt: 1, .. }))),
+        "{got:?}"
+    );
+    assert_eq!(
+        env.scalar(
+            "SELECT count(*) FROM jobs WHERE id LIKE 'fresh-%' AND worker_id = 'w-me' \
+             AND status = 'processing'"
+        )
+        .await,
+        2
+    );
+}
+
+#[tokio::test]
 async fn fails_twice_then_succeeds_with_three_attempts_recorded() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let h = from_fn(|job| async move {

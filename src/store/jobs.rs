@@ -142,7 +142,11 @@ impl Store {
         batch: &[ClaimInput],
     ) -> Result<Vec<Option<Claim>>> {
         let sql = include_str!("sql/job_claim_new.sql");
-        let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
+        let rows = match self.claim_rows(sql, worker_id, stale_after, batch).await {
+            // An id or idempotency key exists already: nothing was inserted.
+            Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
+            r => r?,
+        };
         let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
         if rows.len() == batch.len() {
             // Every one inserted: the rows come back in input order.

@@ -114,6 +114,14 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 }
 
 impl StoreError {
+    /// PostgreSQL refused a row because a unique index holds its key already.
+    pub fn is_unique_violation(&self) -> bool {
+        let StoreError::Db(e) = self else {
+            return false;
+        };
+        e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+    }
+
     /// PostgreSQL's reason when it rejected the data of a statement (a value out of range,
     /// an invalid byte sequence) rather than failing to run it; `None` for connection and
     /// server failures, which are worth retrying.

@@ -88,6 +88,8 @@ pub(crate) struct Delivered {
     pub msg: async_nats::jetstream::Message,
     pub seq: u64,
     pub stored_ns: i128,
+    /// How many times JetStream has delivered it (1: the first time).
+    delivered: i64,
     /// The priority band it came from (`None`: the bare subject).
     pub band: Option<u8>,
     /// Its lane's place in the priority order (0 first).
@@ -98,14 +100,18 @@ pub(crate) struct Delivered {
 
 impl Delivered {
     fn new(msg: async_nats::jetstream::Message, lane: &Lane, rank: usize) -> Delivered {
-        let (seq, stored_ns) = msg
+        let (seq, stored_ns, delivered) = msg
             .info()
-            .map(|i| (i.stream_sequence, crate::broker::unix_nanos(&i.published)))
-            .unwrap_or((0, 0));
+            .map(|i| {
+                let published = crate::broker::unix_nanos(&i.published);
+                (i.stream_sequence, published, i.delivered)
+            })
+            .unwrap_or((0, 0, 1));
         Delivered {
             msg,
             seq,
             stored_ns,
+            delivered,
             band: lane.band,
             rank,
             arrived: Instant::now(),
@@ -155,6 +161,9 @@ const CLAIMS_IN_FLIGHT: usize = 2;
 /// same positions), and those it already knows the fate of.
 struct Claiming {
     inputs: Vec<ClaimInput>,
+    /// Per input: its row probably exists (a redelivery, a job republished from its row, or
+    /// one with an idempotency key), so the claim's plain insert is not tried for it.
+    known: Vec<bool>,
     messages: Vec<Delivered>,
     rejected: Vec<Rejected>,
     dropped: Vec<Delivered>,
@@ -744,6 +753,7 @@ impl Producer {
         let queue = self.policy.name.clone();
         // The claimable messages, and their claim inputs at the same positions.
         let mut inputs: Vec<ClaimInput> = Vec::with_capacity(arrived.len());
+        let mut known: Vec<bool> = Vec::with_capacity(arrived.len());
         let mut messages: Vec<Delivered> = Vec::with_capacity(arrived.len());
         let mut rejected: Vec<Rejected> = Vec::new();
         let mut dropped: Vec<Delivered> = Vec::new();
@@ -764,6 +774,12 @@ impl Producer {
                         job.priority = i16::from(p);
                     }
                     let max_attempts = job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
+                    // A job with an idempotency key may be a duplicate by design.
+                    known.push(
+                        d.delivered > 1
+                            || job.idempotency_key.is_some()
+                            || msg_id.as_deref().is_some_and(|m| republished(m, &job.id)),
+                    );
                     inputs.push(ClaimInput {
                         job,
                         max_attempts,
@@ -802,6 +818,7 @@ impl Producer {
         self.claiming += messages.len();
         let group = Claiming {
             inputs,
+            known,
             messages,
             rejected,
             dropped,
@@ -809,7 +826,7 @@ impl Producer {
         let stale = self.policy.stale_after;
         pending.push(
             async move {
-                let (answered, health) = claim(&shared, stale, &group.inputs).await;
+                let (answered, health) = claim(&shared, stale, &group.inputs, &group.known).await;
                 (group, answered, health)
             }
             .boxed(),
@@ -822,6 +839,7 @@ impl Producer {
         let (group, answered, health) = done;
         let Claiming {
             inputs,
+            known: _,
             messages,
             mut rejected,
             mut dropped,
@@ -1086,17 +1104,44 @@ impl Producer {
 /// the rest. `None` when nothing was claimed (the database is unavailable); the flag is
 /// false when this worker is not registered. Also says how the database fared (for the
 /// outage log), when there is something to say.
-async fn claim(shared: &Shared, stale: Duration, inputs: &[ClaimInput]) -> ClaimAnswer {
+async fn claim(
+    shared: &Shared,
+    stale: Duration,
+    inputs: &[ClaimInput],
+    known: &[bool],
+) -> ClaimAnswer {
     // The common case first: the messages are new jobs, and one plain insert claims them.
+    // Messages whose rows probably exist go straight to the full claim: one of them would make
+    // the insert fail as a whole (it then claims nothing, and the full claim takes them all).
+    let new: Vec<usize> = (0..inputs.len()).filter(|&i| !known[i]).collect();
+    if new.is_empty() {
+        return claim_existing(shared, stale, inputs).await;
+    }
+    let subset: Vec<ClaimInput>;
+    let to_insert = if new.len() == inputs.len() {
+        inputs
+    } else {
+        subset = new.iter().map(|&i| inputs[i].clone()).collect();
+        &subset[..]
+    };
     let fresh = match shared
         .store
-        .job_claim_new(&shared.worker_id, stale, inputs)
+        .job_claim_new(&shared.worker_id, stale, to_insert)
         .await
     {
         Ok(fresh) => fresh,
         Err(e) if e.rejected_data().is_none() => return (None, Some(Err(e.to_string()))),
         // One message's data was refused: the full claim finds which.
         Err(_) => return claim_existing(shared, stale, inputs).await,
+    };
+    let fresh = if new.len() == inputs.len() {
+        fresh
+    } else {
+        let mut all = vec![None; inputs.len()];
+        for (i, f) in new.into_iter().zip(fresh) {
+            all[i] = f;
+        }
+        all
     };
     if fresh.iter().all(Option::is_some) {
         let answers = fresh.into_iter().flatten().map(Answer::Claim).collect();
@@ -1181,6 +1226,15 @@ async fn claim_existing(shared: &Shared, stale: Duration, inputs: &[ClaimInput])
         }
     }
     (Some((registered, out)), health)
+}
+
+/// A message jobwarden republished from the job's row (the scheduler, for a retry, a due or
+/// an SQL-enqueued job): `Nats-Msg-Id: <id>:<generation>`.
+fn republished(msg_id: &str, id: &str) -> bool {
+    msg_id
+        .strip_prefix(id)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .is_some_and(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The input of a message's own job, under its own message id (for keeping it dead).
@@ -1334,4 +1388,21 @@ pub(crate) fn invalid_payload(body: &[u8]) -> Value {
     let head = &body[..body.len().min(4096)];
     let text: String = String::from_utf8_lossy(head).replace('\0', "\u{FFFD}");
     json!({ "invalid_body_text": text, "body_bytes": body.len() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::republished;
+
+    #[test]
+    fn a_message_id_with_the_jobs_generation_marks_a_republish() {
+        assert!(republished("order-1:1", "order-1"));
+        assert!(republished("order-1:42", "order-1"));
+        // What producers send: the id alone, another id, or a suffix that is not a generation.
+        assert!(!republished("order-1", "order-1"));
+        assert!(!republished("order-1:", "order-1"));
+        assert!(!republished("order-1:x2", "order-1"));
+        assert!(!republished("order-12:1", "order-1"));
+        assert!(!republished("other:1", "order-1"));
+    }
 }

@@ -238,6 +238,28 @@ impl TestEnv {
         id: &str,
         stale_after: Duration,
     ) -> jobwarden::store::ClaimAnswer {
+        self.register_other(worker).await;
+        self.store
+            .job_claim(worker, stale_after, &[claim_input(id)])
+            .await
+            .unwrap()
+    }
+
+    /// The claim's fast path (`job_claim_new.sql`) for `ids` of queue work, as `worker`.
+    pub async fn claim_new_as(
+        &self,
+        worker: &str,
+        ids: &[&str],
+    ) -> Vec<Option<jobwarden::store::Claim>> {
+        self.register_other(worker).await;
+        let inputs: Vec<_> = ids.iter().map(|id| claim_input(id)).collect();
+        self.store
+            .job_claim_new(worker, Duration::from_secs(60), &inputs)
+            .await
+            .unwrap()
+    }
+
+    async fn register_other(&self, worker: &str) {
         let c = self.store.raw().await.unwrap();
         c.execute(
             "INSERT INTO workers (id, hostname, pid, version) VALUES ($1, 'other', 1, 'test') \
@@ -246,26 +268,6 @@ impl TestEnv {
         )
         .await
         .unwrap();
-        let input = jobwarden::store::ClaimInput {
-            job: jobwarden::job::NewJob {
-                id: id.into(),
-                queue: "work".into(),
-                payload: serde_json::json!({}),
-                priority: 5,
-                max_attempts: None,
-                timeout: None,
-                idempotency_key: None,
-                run_at_ms: None,
-                backoff: None,
-                then: None,
-            },
-            max_attempts: 3,
-            traceparent: None,
-        };
-        self.store
-            .job_claim(worker, stale_after, &[input])
-            .await
-            .unwrap()
     }
 
     /// Messages the queue's consumers still hold (not yet delivered + delivered, unacked),
@@ -613,6 +615,26 @@ impl RecordingApp {
 
     pub fn start_count(&self) -> usize {
         self.starts.lock().unwrap().len()
+    }
+}
+
+/// A claim input for a job `id` of queue work with an empty payload.
+fn claim_input(id: &str) -> jobwarden::store::ClaimInput {
+    jobwarden::store::ClaimInput {
+        job: jobwarden::job::NewJob {
+            id: id.into(),
+            queue: "work".into(),
+            payload: serde_json::json!({}),
+            priority: 5,
+            max_attempts: None,
+            timeout: None,
+            idempotency_key: None,
+            run_at_ms: None,
+            backoff: None,
+            then: None,
+        },
+        max_attempts: 3,
+        traceparent: None,
     }
 }
 

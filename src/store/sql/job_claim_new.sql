@@ -1,8 +1,12 @@
 -- The claim's common case: the messages are new jobs. Inserts their rows already claimed
 -- (or `scheduled` when their run_at is ahead), if this worker is registered and not stopped,
--- and returns the rows it inserted; the caller claims the rest (ids that exist already, or
--- every id when this worker may not claim) with job_claim.sql. One insert and no joins:
--- a fraction of the full statement's work for the same rows.
+-- and returns the rows it inserted; the caller claims the rest (every id when this worker may
+-- not claim) with job_claim.sql. One insert and no joins: a fraction of the full statement's
+-- work for the same rows. No ON CONFLICT either (a speculative insertion costs a fifth of the
+-- statement): an id or idempotency key that exists already fails the whole statement with
+-- unique_violation, nothing is inserted, and the caller claims the group with job_claim.sql.
+-- The caller sends here only messages that are probably new (first deliveries that
+-- jobwarden did not republish from a row).
 -- The columns after the id are job_claim.sql's, so both decode alike.
 -- $1 worker id; $2 the queue's stale_after (ms); $3.. one array per column of the batch.
 INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
@@ -21,6 +25,5 @@ FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int
      AS i(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
           backoff, traceparent, then_jobs)
 WHERE EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL)
-ON CONFLICT DO NOTHING
 RETURNING j.id, true, true, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms,
           NULL::jsonb, true, j.queue, j.backoff, j.traceparent, true
