@@ -250,6 +250,9 @@ pub(crate) struct Producer {
     claiming: usize,
     /// Set once the producer stops: claims that answer after it go back (released).
     stopping: bool,
+    /// The worker's stop signal: a claim answered after it (even while the producer still
+    /// waits for a claim slot, before its loop has seen the signal) goes back too.
+    stop: CancellationToken,
     /// Work pulls sent so far (for `fair_every`).
     pulls_sent: u64,
     /// Grants of a queue with a cluster-wide cap or rate limit.
@@ -295,6 +298,7 @@ impl Producer {
             claims: Outage::new("claim"),
             claiming: 0,
             stopping: false,
+            stop: CancellationToken::new(),
             pulls_sent: 0,
         }
     }
@@ -321,6 +325,7 @@ impl Producer {
     }
 
     pub async fn run(mut self, cancel: CancellationToken) {
+        self.stop = cancel.clone();
         let mut pulls: SelectAll<BoxStream<'static, PullEvent>> = SelectAll::new();
         let mut open: HashMap<u64, Pull> = HashMap::new();
         // Slots promised to open pulls (doorbells promise none), and the part of them that
@@ -871,7 +876,8 @@ impl Producer {
         }
         // A claim that committed as the worker fenced itself off (its answer came late) must
         // not run: others may take these jobs soon. They are given back, attempt refunded.
-        let give_back = shared.fenced.load(Ordering::SeqCst) || self.stopping;
+        let stopping = self.stopping || self.stop.is_cancelled();
+        let give_back = shared.fenced.load(Ordering::SeqCst) || stopping;
         let mut dispatched = 0;
         let mut back = Vec::new();
         // Messages of other jobs that reused a taken id: kept as dead jobs under their own
@@ -901,7 +907,7 @@ impl Producer {
                     max_attempts,
                     ..
                 } if give_back => {
-                    if self.stopping {
+                    if stopping {
                         debug!(job.id = %id, job.lease = lease, "claimed as this worker stopped: giving it back");
                     } else {
                         warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back");
