@@ -56,7 +56,7 @@ fn tag(
     batch: async_nats::jetstream::consumer::pull::Batch,
     id: u64,
     idle: Duration,
-    lane: String,
+    lane: Arc<str>,
 ) -> BoxStream<'static, PullEvent> {
     futures::stream::unfold(Some(batch), move |batch| {
         let lane = lane.clone();
@@ -423,7 +423,7 @@ impl Producer {
                                 stream,
                                 id,
                                 BROKER_CALL_LIMIT,
-                                self.lanes[i].lane.to_string(),
+                                self.lanes[i].lane.to_string().into(),
                             ));
                             open.insert(
                                 id,
@@ -468,7 +468,7 @@ impl Producer {
                                 stream,
                                 id,
                                 PULL_EXPIRES + BROKER_CALL_LIMIT,
-                                self.lanes[i].lane.to_string(),
+                                self.lanes[i].lane.to_string().into(),
                             ));
                             let reserve = if kind == PullKind::Watch { n } else { 0 };
                             reserved += reserve;
