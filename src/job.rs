@@ -119,6 +119,22 @@ pub struct NewJob {
 }
 
 impl NewJob {
+    /// A job with only an id, a queue and a payload: the defaults for everything else.
+    pub fn plain(id: String, queue: String, payload: Value) -> NewJob {
+        NewJob {
+            id,
+            queue,
+            payload,
+            priority: DEFAULT_PRIORITY,
+            max_attempts: None,
+            timeout: None,
+            idempotency_key: None,
+            run_at_ms: None,
+            backoff: None,
+            then: None,
+        }
+    }
+
     /// The per-job timeout as PostgreSQL stores it (milliseconds, `int4`).
     pub fn timeout_ms(&self) -> Option<i32> {
         self.timeout
@@ -334,18 +350,11 @@ pub fn decode(
     let is_envelope =
         obj.contains_key("payload") && obj.keys().all(|k| ENVELOPE_KEYS.contains(&k.as_str()));
     if !is_envelope {
-        let job = NewJob {
-            id: derived_id(origin),
-            queue: origin.queue.to_string(),
-            payload: Value::Object(obj),
-            priority: DEFAULT_PRIORITY,
-            max_attempts: None,
-            timeout: None,
-            idempotency_key: None,
-            run_at_ms: None,
-            backoff: None,
-            then: None,
-        };
+        let job = NewJob::plain(
+            derived_id(origin),
+            origin.queue.to_string(),
+            Value::Object(obj),
+        );
         check_storable(&job.payload)?;
         return Ok(job);
     }

@@ -621,18 +621,7 @@ impl RecordingApp {
 /// A claim input for a job `id` of queue work with an empty payload.
 fn claim_input(id: &str) -> jobwarden::store::ClaimInput {
     jobwarden::store::ClaimInput {
-        job: jobwarden::job::NewJob {
-            id: id.into(),
-            queue: "work".into(),
-            payload: serde_json::json!({}),
-            priority: 5,
-            max_attempts: None,
-            timeout: None,
-            idempotency_key: None,
-            run_at_ms: None,
-            backoff: None,
-            then: None,
-        },
+        job: jobwarden::job::NewJob::plain(id.into(), "work".into(), serde_json::json!({})),
         max_attempts: 3,
         traceparent: None,
     }
