@@ -229,6 +229,10 @@ impl NatsServer {
 
     fn spawn_once(&mut self) -> Result<()> {
         let port = self.port.to_string();
+        // The log is appended to across restarts: only what this start writes counts.
+        let log_from = std::fs::metadata(&self.log_file)
+            .map(|m| m.len())
+            .unwrap_or(0);
         let mut cmd = Command::new(&self.binary);
         if let Some(conf) = &self.conf {
             cmd.arg("-c").arg(conf);
@@ -248,7 +252,10 @@ impl NatsServer {
 
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if tcp_ready(self.port) {
+            // Ready when it says so and the port answers. The port alone can mislead: a
+            // connection to a port nobody listens on can, rarely, connect to itself, and
+            // another process may have taken the port since it was picked.
+            if self.logged_ready(log_from) && tcp_ready(self.port) {
                 return Ok(());
             }
             let exited = self.child.as_mut().unwrap().try_wait()?;
@@ -269,6 +276,16 @@ impl NatsServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl NatsServer {
+    /// Whether the log, past byte `from`, has nats-server's "Server is ready" line.
+    fn logged_ready(&self, from: u64) -> bool {
+        std::fs::read(&self.log_file)
+            .ok()
+            .and_then(|log| log.get(from as usize..).map(|new| new.to_vec()))
+            .is_some_and(|new| String::from_utf8_lossy(&new).contains("Server is ready"))
     }
 }
 
