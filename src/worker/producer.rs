@@ -248,10 +248,9 @@ pub(crate) struct Producer {
     claims: Outage,
     /// Messages in claim statements still in flight: their slots are spoken for.
     claiming: usize,
-    /// Set once the producer stops: claims that answer after it go back (released).
-    stopping: bool,
-    /// The worker's stop signal: a claim answered after it (even while the producer still
-    /// waits for a claim slot, before its loop has seen the signal) goes back too.
+    /// The worker's stop signal (its run loop ends on it and nothing else): a claim answered
+    /// after it goes back (released), even one the producer waited for inside its loop,
+    /// before the loop saw the signal.
     stop: CancellationToken,
     /// Work pulls sent so far (for `fair_every`).
     pulls_sent: u64,
@@ -297,7 +296,6 @@ impl Producer {
             freed: Arc::new(Notify::new()),
             claims: Outage::new("claim"),
             claiming: 0,
-            stopping: false,
             stop: CancellationToken::new(),
             pulls_sent: 0,
         }
@@ -627,7 +625,6 @@ impl Producer {
         // Stop fetching. Claims still in flight: what they claimed goes back (released, the
         // attempt refunded). Messages already delivered to us go back at once (a job that
         // exists only as a message would otherwise wait for the adopter).
-        self.stopping = true;
         while let Some(done) = pending.next().await {
             self.finish_claim(done, &mut jobs).await;
         }
@@ -876,7 +873,7 @@ impl Producer {
         }
         // A claim that committed as the worker fenced itself off (its answer came late) must
         // not run: others may take these jobs soon. They are given back, attempt refunded.
-        let stopping = self.stopping || self.stop.is_cancelled();
+        let stopping = self.stop.is_cancelled();
         let give_back = shared.fenced.load(Ordering::SeqCst) || stopping;
         let mut dispatched = 0;
         let mut back = Vec::new();

@@ -282,10 +282,10 @@ impl NatsServer {
 impl NatsServer {
     /// Whether the log, past byte `from`, has nats-server's "Server is ready" line.
     fn logged_ready(&self, from: u64) -> bool {
-        std::fs::read(&self.log_file)
-            .ok()
-            .and_then(|log| log.get(from as usize..).map(|new| new.to_vec()))
-            .is_some_and(|new| String::from_utf8_lossy(&new).contains("Server is ready"))
+        std::fs::read(&self.log_file).is_ok_and(|log| {
+            log.get(from as usize..)
+                .is_some_and(|new| String::from_utf8_lossy(new).contains("Server is ready"))
+        })
     }
 }
 

@@ -1,9 +1,10 @@
 -- Settles a batch of finished attempts in one statement, fenced by owner and lease: a row
 -- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt that
 -- did not complete its job leaves a row in job_attempt_log; a completion is read from the
--- job's own row (the job_attempts view shows both). Returns the ids it settled; the caller records the rest as
--- late results (job_settle_late.sql), the rare case, in a statement of their own. (After a retry, job_settled_check finds the ones an earlier
--- try already settled whose commit answer was lost.)
+-- job's own row (the job_attempts view shows both). Returns the ids it settled; the caller
+-- records the rest as late results (job_settle_late.sql), the rare case, in a statement of
+-- their own. (After a retry, job_settled_check finds the ones an earlier try already
+-- settled whose commit answer was lost.)
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
 -- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release).
 WITH input AS (
