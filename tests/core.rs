@@ -499,6 +499,101 @@ async fn every_statement_prepares_against_the_migrated_schema_and_migrate_is_ide
 }
 
 #[tokio::test]
+async fn job_ids_compare_byte_by_byte_in_every_column_and_joins_between_them_keep_their_indexes() {
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let c = env.store.raw().await.unwrap();
+    let collations = c
+        .query(
+            "SELECT c.relname || '.' || a.attname, coll.collname
+             FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+             JOIN pg_collation coll ON coll.oid = a.attcollation
+             WHERE c.relnamespace = current_schema()::regnamespace
+               AND (c.relname, a.attname) IN (('jobs', 'id'), ('job_attempt_log', 'job_id'),
+                                              ('job_deps', 'parent'), ('job_deps', 'child'))
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect::<Vec<_>>();
+    let c_collated = |col: &str| (col.to_string(), "C".to_string());
+    assert_eq!(
+        collations,
+        vec![
+            c_collated("job_attempt_log.job_id"),
+            c_collated("job_deps.child"),
+            c_collated("job_deps.parent"),
+            c_collated("jobs.id"),
+        ]
+    );
+    c.batch_execute(
+        "INSERT INTO jobs (id, queue, payload, status, max_attempts, worker_id, lease, attempts,
+                           started_at, completed_at)
+         SELECT 'order-' || g, 'work', '{}', 'completed', 3, 'w', 1, 1, now(), now()
+         FROM generate_series(1, 5000) g;
+         INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, outcome, queue)
+         SELECT 'order-' || g, 1, 1, 'w', now(), 'retry', 'work' FROM generate_series(1, 5000) g;
+         INSERT INTO job_deps (parent, child)
+         SELECT 'order-' || g, 'order-' || (g + 1) FROM generate_series(1, 4999) g;
+         ANALYZE jobs; ANALYZE job_attempt_log; ANALYZE job_deps;",
+    )
+    .await
+    .unwrap();
+    let plan = |sql: &'static str| {
+        let c = &c;
+        async move {
+            c.query(&format!("EXPLAIN {sql}"), &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    // The view's two halves, each by its index.
+    let attempts = plan("SELECT * FROM job_attempts WHERE job_id = 'order-7'").await;
+    assert!(attempts.contains("jobs_pkey"), "{attempts}");
+    assert!(attempts.contains("job_attempt_log_job"), "{attempts}");
+    // A join from the log to the jobs, and from a dependency to its child.
+    let joined = plan(
+        "SELECT j.status FROM job_attempt_log a JOIN jobs j ON j.id = a.job_id
+         WHERE a.job_id = 'order-7'",
+    )
+    .await;
+    assert!(joined.contains("jobs_pkey"), "{joined}");
+    let children = plan(
+        "SELECT j.status FROM job_deps d JOIN jobs j ON j.id = d.child WHERE d.parent = 'order-7'",
+    )
+    .await;
+    assert!(children.contains("jobs_pkey"), "{children}");
+    // Byte order also lets a prefix search use the primary key (not so under a locale).
+    let prefix = plan("SELECT id FROM jobs WHERE id LIKE 'order-1%'").await;
+    assert!(prefix.contains("Index Cond"), "{prefix}");
+    let found: i64 = c
+        .query_one("SELECT count(*) FROM jobs WHERE id LIKE 'order-49%'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(found, 111); // 49, 490–499, 4900–4999
+                            // The views over the changed columns answer as before.
+    let (attempts, stats): (i64, i64) = {
+        let r = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM job_attempts WHERE job_id = 'order-7'),
+                        (SELECT completed_24h FROM job_stats WHERE queue = 'work')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((attempts, stats), (2, 5000));
+}
+
+#[tokio::test]
 async fn claim_and_settle_queries_use_their_indexes() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let c = env.store.raw().await.unwrap();
