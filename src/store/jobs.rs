@@ -78,8 +78,8 @@ impl<'a> Columns<'a> {
     }
 }
 
-/// A claim statement's answer row for one message (columns 3 to 13 of `job_claim.sql`, which
-/// `job_claim_new.sql` repeats) as the claim it made; `queue` is the message's.
+/// A claim statement's answer row for one message (columns 3 to 13 of `job_claim.sql`) as the
+/// claim it made; `queue` is the message's.
 fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
     let status = JobStatus::parse(r.get(3)).unwrap_or(JobStatus::Dead);
     let payload: Option<Value> = r.get(8);
@@ -147,12 +147,33 @@ impl Store {
             Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
             r => r?,
         };
+        // A row inserted from a message holds the message's job: only its lease, attempt and
+        // status come back.
+        let fresh = |r: &tokio_postgres::Row, input: &ClaimInput| {
+            if r.get::<_, bool>(3) {
+                Claim::Claimed {
+                    lease: r.get(1),
+                    attempt: r.get(2),
+                    max_attempts: input.max_attempts,
+                    timeout_ms: input.job.timeout_ms(),
+                    payload: None,
+                    backoff: None,
+                    traceparent: None,
+                    conflict: false,
+                }
+            } else {
+                Claim::NotClaimable {
+                    status: JobStatus::Scheduled,
+                    conflict: false,
+                }
+            }
+        };
         let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
         if rows.len() == batch.len() {
             // Every one inserted: the rows come back in input order.
             for (i, r) in rows.iter().enumerate() {
                 if r.get::<_, &str>(0) == batch[i].job.id {
-                    claims[i] = Some(claim_of(r, &batch[i].job.queue));
+                    claims[i] = Some(fresh(r, &batch[i]));
                 }
             }
             if claims.iter().all(Option::is_some) {
@@ -166,7 +187,7 @@ impl Store {
             .collect();
         for r in &rows {
             if let Some(&i) = at.get(r.get::<_, &str>(0)) {
-                claims[i] = Some(claim_of(r, &batch[i].job.queue));
+                claims[i] = Some(fresh(r, &batch[i]));
             }
         }
         Ok(claims)
@@ -190,9 +211,9 @@ impl Store {
         Ok(client.query(&st, &params).await?)
     }
 
-    /// Settles finished attempts in one statement; returns the ids whose fenced write took
-    /// effect. An id missing from the answer lost its ownership.
-    pub async fn job_settle(&self, worker_id: &str, batch: &[SettleInput]) -> Result<Vec<String>> {
+    /// Settles finished attempts in one statement; returns, per attempt of `batch`, whether
+    /// its fenced write took effect (false: it lost its ownership).
+    pub async fn job_settle(&self, worker_id: &str, batch: &[SettleInput]) -> Result<Vec<bool>> {
         let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
         let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
         let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
@@ -214,15 +235,15 @@ impl Store {
                 ],
             )
             .await?;
-        let settled: Vec<String> = rows.into_iter().map(|r| r.get(0)).collect();
-        if settled.len() < batch.len() {
+        let settled = positions(&rows, batch.len());
+        if settled.iter().any(|s| !s) {
             // The rare case: attempts whose job was taken from this worker. Their late
             // results are recorded on their own; the settle itself is committed already.
-            let done: std::collections::HashSet<&str> =
-                settled.iter().map(String::as_str).collect();
             let late: Vec<&SettleInput> = batch
                 .iter()
-                .filter(|s| !done.contains(s.id.as_str()))
+                .zip(&settled)
+                .filter(|(_, done)| !**done)
+                .map(|(s, _)| s)
                 .collect();
             let ids: Vec<&str> = late.iter().map(|s| s.id.as_str()).collect();
             let leases: Vec<i64> = late.iter().map(|s| s.lease).collect();
@@ -244,13 +265,14 @@ impl Store {
         Ok(settled)
     }
 
-    /// Which of these attempts (id, lease, status settled to) this worker settled already:
-    /// for a settle that was retried after its commit answer may have been lost.
+    /// Which of these attempts (id, lease, status settled to) this worker settled already,
+    /// per attempt of `batch`: for a settle that was retried after its commit answer may have
+    /// been lost.
     pub async fn job_settled_check(
         &self,
         worker_id: &str,
         batch: &[SettleInput],
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<bool>> {
         let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
         let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
         let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
@@ -261,7 +283,7 @@ impl Store {
         let rows = client
             .query(&st, &[&worker_id, &ids, &leases, &statuses])
             .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        Ok(positions(&rows, batch.len()))
     }
 
     /// Records a progress report (fenced) and moves the job's stale deadline to now +
@@ -297,4 +319,17 @@ impl Store {
             })
         }
     }
+}
+
+/// Flags, per position of a batch of `len`, the rows that name it (their first column: a
+/// 1-based position, as `WITH ORDINALITY` numbers an unnested batch).
+fn positions(rows: &[tokio_postgres::Row], len: usize) -> Vec<bool> {
+    let mut flags = vec![false; len];
+    for r in rows {
+        let n: i32 = r.get(0);
+        if let Some(f) = usize::try_from(n - 1).ok().and_then(|i| flags.get_mut(i)) {
+            *f = true;
+        }
+    }
+    flags
 }

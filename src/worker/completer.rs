@@ -13,7 +13,6 @@ use crate::backoff::{settle, Outcome, Settlement};
 use crate::job::JobStatus;
 use crate::store::SettleInput;
 use async_nats::jetstream::{message::Acker, AckKind};
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -61,54 +60,49 @@ impl Completer {
     pub async fn run_once(&self, group: Vec<Finished>) -> usize {
         let inputs: Vec<SettleInput> = group.iter().map(|f| self.decide(f)).collect();
         let mut retried = false;
-        let settled = loop {
+        // Per attempt of the group: settled (false: it lost its ownership).
+        let settled: Vec<bool> = loop {
             match self
                 .shared
                 .store
                 .job_settle(&self.shared.worker_id, &inputs)
                 .await
             {
-                Ok(ids) if retried && ids.len() < inputs.len() => {
+                Ok(mut settled) if retried && settled.contains(&false) => {
                     // An earlier try may have committed without us hearing of it.
-                    let mut ids: HashSet<String> = ids.into_iter().collect();
-                    let rest: Vec<SettleInput> = inputs
-                        .iter()
-                        .filter(|i| !ids.contains(&i.id))
-                        .cloned()
-                        .collect();
+                    let rest: Vec<usize> = (0..inputs.len()).filter(|&i| !settled[i]).collect();
+                    let check: Vec<SettleInput> = rest.iter().map(|&i| inputs[i].clone()).collect();
                     match self
                         .shared
                         .store
-                        .job_settled_check(&self.shared.worker_id, &rest)
+                        .job_settled_check(&self.shared.worker_id, &check)
                         .await
                     {
-                        Ok(done) => ids.extend(done),
+                        Ok(done) => {
+                            for (i, d) in rest.into_iter().zip(done) {
+                                settled[i] |= d;
+                            }
+                        }
                         Err(e) => warn!(cause = %e, "could not check earlier settle tries"),
                     }
-                    break ids;
+                    break settled;
                 }
-                Ok(ids) => {
+                Ok(settled) => {
                     self.outage.lock().expect("outage lock").ok();
-                    break ids.into_iter().collect::<HashSet<String>>();
+                    break settled;
                 }
                 Err(e) if e.rejected_data().is_some() && inputs.len() > 1 => {
                     // One attempt's data was refused: settle them one by one, so the rest of
                     // the group (and every later group) is not held up by it.
                     warn!(cause = %e, "a settle group was refused; settling one by one");
-                    let mut ids = HashSet::new();
+                    let mut settled = Vec::with_capacity(inputs.len());
                     for one in &inputs {
-                        if let Some(id) = self.settle_alone(one.clone()).await {
-                            ids.insert(id);
-                        }
+                        settled.push(self.settle_alone(one.clone()).await);
                     }
-                    break ids;
+                    break settled;
                 }
                 Err(e) if e.rejected_data().is_some() => {
-                    break self
-                        .settle_alone(inputs[0].clone())
-                        .await
-                        .into_iter()
-                        .collect();
+                    break vec![self.settle_alone(inputs[0].clone()).await];
                 }
                 Err(e) => {
                     // Nothing is acked until the write commits; keep trying. The messages stay
@@ -121,10 +115,10 @@ impl Completer {
         };
         let shared = &self.shared;
         let stats = &shared.stats;
-        for (f, input) in group.iter().zip(&inputs) {
+        for ((f, input), &settled) in group.iter().zip(&inputs).zip(&settled) {
             shared.ledger.settled(&f.id, f.lease);
             let queue = &f.policy.name;
-            if !settled.contains(&f.id) {
+            if !settled {
                 Stats::add(&stats.lost_ownership, 1);
                 // It ran to its end while another owner had it.
                 Stats::add(&stats.overlapping, 1);
@@ -163,19 +157,19 @@ impl Completer {
             // terminal or scheduled.
             shared.outbound.ack(&f.acker, AckKind::Ack);
         }
-        settled.len()
+        settled.iter().filter(|s| **s).count()
     }
 
     /// Settles one attempt; if PostgreSQL refuses its result or error, settles it without
-    /// them and says why. Returns the id when settled.
-    async fn settle_alone(&self, one: SettleInput) -> Option<String> {
+    /// them and says why. Returns whether it was settled.
+    async fn settle_alone(&self, one: SettleInput) -> bool {
         let store = &self.shared.store;
         let me = &self.shared.worker_id;
         let mut delay = Duration::from_millis(100);
         let mut input = one;
         loop {
             match store.job_settle(me, std::slice::from_ref(&input)).await {
-                Ok(ids) => return ids.into_iter().next(),
+                Ok(settled) => return settled.first().copied().unwrap_or(false),
                 Err(e) => match e.rejected_data() {
                     Some(reason) if input.result.is_some() || input.error.is_some() => {
                         warn!(job.id = %input.id, %reason, "attempt result not storable; settling without it");
@@ -186,7 +180,7 @@ impl Completer {
                     }
                     Some(reason) => {
                         error!(job.id = %input.id, %reason, "attempt cannot be settled; the stale sweep will take the job back");
-                        return None;
+                        return false;
                     }
                     None => {
                         warn!(cause = %e, "settling failed; retrying in {delay:?}");

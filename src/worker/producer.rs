@@ -934,13 +934,13 @@ impl Producer {
                     traceparent,
                     conflict,
                 } => {
-                    let own_id = d.own_id(&queue, &stream);
                     let message_trace = input.traceparent.clone();
                     let (job_payload, job_backoff) = match payload {
                         // The row existed: PostgreSQL holds the job. A message with another
                         // payload is another job that reused the id: kept, not lost.
                         Some(p) => {
                             if conflict {
+                                let own_id = d.own_id(&queue, &stream);
                                 let reason = conflict_reason(&id, "queued");
                                 conflicts.push((relabel(input, &own_id), reason, None));
                             }

@@ -7,7 +7,8 @@
 -- unique_violation, nothing is inserted, and the caller claims the group with job_claim.sql.
 -- The caller sends here only messages that are probably new (first deliveries that
 -- jobwarden did not republish from a row).
--- The columns after the id are job_claim.sql's, so both decode alike.
+-- It returns, per row inserted, only what the caller does not know already: the lease and
+-- attempt it was given and whether it runs now (the rest of the row is the message's).
 -- $1 worker id; $2 the queue's stale_after (ms); $3.. one array per column of the batch.
 INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
                        backoff, traceparent, then_jobs, status, attempts, worker_id, lease,
@@ -25,5 +26,4 @@ FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int
      AS i(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
           backoff, traceparent, then_jobs)
 WHERE EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL)
-RETURNING j.id, true, true, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms,
-          NULL::jsonb, true, j.queue, j.backoff, j.traceparent, true
+RETURNING j.id, j.lease, j.attempts, j.status = 'processing'

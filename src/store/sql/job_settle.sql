@@ -1,17 +1,18 @@
 -- Settles a batch of finished attempts in one statement, fenced by owner and lease: a row
 -- whose lease moved on (reclaimed by someone else) is not touched. Each settled attempt that
 -- did not complete its job leaves a row in job_attempt_log; a completion is read from the
--- job's own row (the job_attempts view shows both). Returns the ids it settled; the caller
--- records the rest as late results (job_settle_late.sql), the rare case, in a statement of
--- their own. (After a retry, job_settled_check finds the ones an earlier try already
--- settled whose commit answer was lost.)
+-- job's own row (the job_attempts view shows both). Returns the positions (1-based) in the
+-- batch of the attempts it settled, not their ids (a number per row is cheaper to send and to
+-- read); the caller records the rest as late results (job_settle_late.sql), the rare case,
+-- in a statement of their own. (After a retry, job_settled_check finds the ones an earlier
+-- try already settled whose commit answer was lost.)
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
 -- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release).
 WITH input AS (
     SELECT *
     FROM unnest($2::text[], $3::int8[], $4::text[], $5::int8[], $6::text[], $7::jsonb[],
                 $8::text[], $9::int4[])
-         AS t(id, lease, status, delay_ms, error, result, outcome, refund)
+         WITH ORDINALITY AS t(id, lease, status, delay_ms, error, result, outcome, refund, n)
 ),
 done AS (
     UPDATE jobs j
@@ -34,12 +35,12 @@ done AS (
     -- worker runs (and rows settled but not yet vacuumed), hundreds for a group of ten.
     WHERE j.id = ANY($2::text[]) AND j.id = i.id AND j.worker_id = $1 AND j.lease = i.lease
       AND (j.status = 'processing') IS TRUE
-    RETURNING j.id, j.lease, j.attempts + i.refund AS attempt, j.started_at, i.outcome, i.error,
-              j.queue
+    RETURNING i.n, j.id, j.lease, j.attempts + i.refund AS attempt, j.started_at, i.outcome,
+              i.error, j.queue
 ),
 history AS (
     INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
     SELECT id, lease, attempt, $1, started_at, outcome, error, queue FROM done
     WHERE outcome <> 'completed'
 )
-SELECT id FROM done
+SELECT n::int4 FROM done
