@@ -627,6 +627,47 @@ async fn claim_and_settle_queries_use_their_indexes() {
 }
 
 #[tokio::test]
+async fn operator_queries_plan_with_postgres_defaults_and_the_workers_own_statements_do_not() {
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let show = |c: deadpool_postgres::Object| async move {
+        let mut out = Vec::new();
+        for setting in ["enable_seqscan", "enable_nestloop", "search_path"] {
+            let v: String = c
+                .query_one(&format!("SHOW {setting}"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            out.push(v);
+        }
+        out
+    };
+    let schema = env.store.schema().to_string();
+    assert_eq!(
+        show(env.store.raw().await.unwrap()).await,
+        ["off", "off", schema.as_str()]
+    );
+    assert_eq!(
+        show(env.store.ops().await.unwrap()).await,
+        ["on", "on", schema.as_str()]
+    );
+    // A whole-table report on the operator connection reads the table once, as the planner
+    // likes, and answers.
+    let c = env.store.ops().await.unwrap();
+    let plan: Vec<String> = c
+        .query("EXPLAIN SELECT * FROM job_stats", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter().any(|l| l.contains("Seq Scan on jobs")),
+        "{plan:#?}"
+    );
+    assert!(env.store.job_stats().await.unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn hot_path_generic_plans_neither_scan_the_table_nor_loop_over_the_batch() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let c = env.store.raw().await.unwrap();

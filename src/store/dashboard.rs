@@ -76,7 +76,7 @@ pub struct JobFilter {
 
 impl Store {
     pub async fn dashboard_overview(&self) -> Result<Vec<QueueOverview>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let st = c
             .prepare_cached(include_str!("sql/dashboard_overview.sql"))
             .await?;
@@ -100,7 +100,7 @@ impl Store {
 
     /// One page of jobs matching `f`, in id order.
     pub async fn dashboard_jobs(&self, f: &JobFilter, limit: i64) -> Result<Vec<JobSummary>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         // An unnamed statement, planned for these values each time: a cached one turns
         // generic after a few runs, and a generic plan cannot use the partial index of the
         // status asked for (`/dead` would walk the whole primary key).
@@ -129,7 +129,7 @@ impl Store {
 
     /// Scheduled jobs, soonest first.
     pub async fn dashboard_scheduled(&self, limit: i64) -> Result<Vec<ScheduledJob>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let st = c
             .prepare_cached(include_str!("sql/dashboard_scheduled.sql"))
             .await?;

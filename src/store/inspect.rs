@@ -85,13 +85,13 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
 
 impl Store {
     pub async fn job_get(&self, id: &str) -> Result<Option<JobRow>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
         Ok(c.query_opt(&sql, &[&id]).await?.map(job_row))
     }
 
     pub async fn job_attempts(&self, id: &str) -> Result<Vec<AttemptRow>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let sql = format!(
             "SELECT attempt, lease, worker_id, to_char(started_at AT TIME ZONE 'UTC', '{TS}'),
                     (extract(epoch FROM finished_at - started_at) * 1000)::int8, outcome, error
@@ -114,7 +114,7 @@ impl Store {
 
     /// What job `id` waits for, in words (`None`: no such job).
     pub async fn job_explain(&self, id: &str) -> Result<Option<String>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let Some(r) = c
             .query_opt(include_str!("sql/job_explain.sql"), &[&id])
             .await?
@@ -146,7 +146,7 @@ impl Store {
         status: Option<&str>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs
              WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR status = $2)
@@ -158,7 +158,7 @@ impl Store {
 
     /// Count of jobs per (queue, status), for the demo and tests.
     pub async fn job_counts(&self) -> Result<Vec<(String, String, i64)>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let rows = c
             .query(
                 "SELECT queue, status, count(*) FROM jobs GROUP BY 1, 2 ORDER BY 1, 2",

@@ -258,9 +258,16 @@ pub struct Enqueued {
     pub same_payload: bool,
 }
 
+/// Connections for operator queries, per process.
+const OPS_POOL_SIZE: usize = 4;
+
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Connections planned with PostgreSQL's defaults, for operator queries: the worker's
+    /// own connections discourage seq scans and nested loops, which suits its key lookups
+    /// and batch joins but not a report over the whole table.
+    ops_pool: Pool,
     schema: String,
     target: String,
     /// How to open a connection of its own (LISTEN cannot use a pooled one).
@@ -280,45 +287,58 @@ impl Store {
         pg.ssl_mode(tls.pg_mode());
         let tls_line = tls.describe();
         let connector = tls.connector().map_err(StoreError::BadUrl)?;
-        // Plans that do not depend on table statistics. A jobs table that grows fast is
-        // often not analyzed yet; the planner, believing it tiny, then picks plans that are
-        // quadratic in the batch size (a nested loop matching every batch row against every
-        // row of this worker) or scan the whole table per batch. Every statement here is a
+        // The worker's own connections plan without seq scans and nested loops. A jobs table
+        // that grows fast is often not analyzed yet, and a statement's generic plan is cached
+        // from whatever size the table had when it was made: measured, the settle's cached plan
+        // then became a nested loop that unnests the whole batch again for every job row
+        // (290 ms per settle, 3,430 jobs/s instead of 30,000). Every hot-path statement is a
         // key lookup or a hash join between a batch and the rows it names, so seq scans and
-        // nested loops are discouraged (still used where nothing else applies).
+        // nested loops are discouraged there (still used where nothing else applies).
+        // Operator queries (dashboard, `jobs`, `stats`, `workers`, `dlq`) plan normally, on
+        // connections of their own (see `ops_pool`).
         //
         // JIT is off: these statements run in a millisecond, and the disabled plan types above
         // add a huge cost that would push every one of them past the JIT thresholds, making
         // PostgreSQL compile machine code for each execution (hundreds of ms).
+        let mut ops_pg = pg.clone();
+        ops_pg.options(format!("-c search_path={} -c jit=off", cfg.schema));
         pg.options(format!(
             "-c search_path={} -c enable_seqscan=off -c enable_nestloop=off -c jit=off",
             cfg.schema
-        ))
-        .connect_timeout(cfg.connect_timeout)
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
-        .keepalives_interval(Duration::from_secs(5))
-        .keepalives_retries(3)
-        .tcp_user_timeout(Duration::from_secs(30))
-        .application_name("jobwarden");
+        ));
+        for c in [&mut pg, &mut ops_pg] {
+            c.connect_timeout(cfg.connect_timeout)
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(10))
+                .keepalives_interval(Duration::from_secs(5))
+                .keepalives_retries(3)
+                .tcp_user_timeout(Duration::from_secs(30))
+                .application_name("jobwarden");
+        }
         let target = describe_target(&pg);
-        let mgr = Manager::from_config(
-            pg.clone(),
-            connector.clone(),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(cfg.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(30)))
-            .create_timeout(Some(cfg.connect_timeout))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| StoreError::Pool(e.to_string()))?;
+        let pool_of = |pg: &tokio_postgres::Config, size: usize| {
+            let mgr = Manager::from_config(
+                pg.clone(),
+                connector.clone(),
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            Pool::builder(mgr)
+                .max_size(size)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(Duration::from_secs(30)))
+                .create_timeout(Some(cfg.connect_timeout))
+                .recycle_timeout(Some(Duration::from_secs(5)))
+                .build()
+                .map_err(|e| StoreError::Pool(e.to_string()))
+        };
+        let pool = pool_of(&pg, cfg.pool_size)?;
+        // Connections are opened when first asked for: a worker nobody inspects opens none.
+        let ops_pool = pool_of(&ops_pg, OPS_POOL_SIZE)?;
         let store = Store {
             pool,
+            ops_pool,
             schema: cfg.schema.clone(),
             target,
             pg,
@@ -383,7 +403,17 @@ impl Store {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool.get().await.map_err(|e| match e {
+        self.pooled(&self.pool).await
+    }
+
+    /// A pooled client for operator queries (dashboard, inspection, stats): planned with
+    /// PostgreSQL's defaults, unlike the worker's own connections ([`Store::raw`]).
+    pub async fn ops(&self) -> Result<deadpool_postgres::Object> {
+        self.pooled(&self.ops_pool).await
+    }
+
+    async fn pooled(&self, pool: &Pool) -> Result<deadpool_postgres::Object> {
+        pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(err) if err.as_db_error().is_none() => {
                 unreachable(&self.target, &err)
             }
@@ -490,7 +520,8 @@ impl Store {
         Ok(())
     }
 
-    /// A raw pooled client, for the inspection queries in `inspect.rs` and for tests.
+    /// A raw pooled client of the worker's own connections (seq scans and nested loops
+    /// discouraged), for tests and internal statements.
     pub async fn raw(&self) -> Result<deadpool_postgres::Object> {
         self.client().await
     }

@@ -67,7 +67,7 @@ impl Store {
         limit: i64,
         id: Option<&str>,
     ) -> Result<Vec<WorkerRow>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let st = c
             .prepare_cached(include_str!("sql/workers_list.sql"))
             .await?;
@@ -154,7 +154,7 @@ impl Store {
 
     /// Per-queue statistics from the `job_stats` view.
     pub async fn job_stats(&self) -> Result<Vec<QueueStats>> {
-        let c = self.raw().await?;
+        let c = self.ops().await?;
         let st = c.prepare_cached(include_str!("sql/job_stats.sql")).await?;
         Ok(c.query(&st, &[])
             .await?
