@@ -85,7 +85,9 @@ enum PullEvent {
 
 /// A delivered message, where it sits in the stream, and when the stream stored it.
 pub(crate) struct Delivered {
-    pub msg: async_nats::jetstream::Message,
+    /// Boxed as it came from the pull: a message is moved several times between its
+    /// arrival and its dispatch, and a box moves as one pointer.
+    pub msg: Box<async_nats::jetstream::Message>,
     pub seq: u64,
     pub stored_ns: i128,
     /// How many times JetStream has delivered it (1: the first time).
@@ -99,7 +101,7 @@ pub(crate) struct Delivered {
 }
 
 impl Delivered {
-    fn new(msg: async_nats::jetstream::Message, lane: &Lane, rank: usize) -> Delivered {
+    fn new(msg: Box<async_nats::jetstream::Message>, lane: &Lane, rank: usize) -> Delivered {
         let (seq, stored_ns, delivered) = msg
             .info()
             .map(|i| {
@@ -119,7 +121,7 @@ impl Delivered {
     }
 
     fn acker(self) -> Arc<Acker> {
-        Arc::new(self.msg.split().1)
+        Arc::new((*self.msg).split().1)
     }
 
     /// The message's own id (`<stream>-<seq>-<stored ns>`), under which it is recorded when
@@ -544,7 +546,7 @@ impl Producer {
                                 }
                                 p.remaining = p.remaining.saturating_sub(1);
                                 p.bytes += m.length as u64;
-                                arrived.push(Delivered::new(*m, &lane.lane, p.lane));
+                                arrived.push(Delivered::new(m, &lane.lane, p.lane));
                             }
                             PullEvent::Failed(cause) => {
                                 debug!(queue = %self.policy.name, %cause, "pull status");
@@ -635,7 +637,7 @@ impl Producer {
             if let PullEvent::Msg(id, m) = ev {
                 let rank = open.get(&id).map(|p| p.lane).unwrap_or(0);
                 let lane = self.lanes[rank].lane.clone();
-                let acker = Delivered::new(*m, &lane, rank).acker();
+                let acker = Delivered::new(m, &lane, rank).acker();
                 self.shared.outbound.ack(&acker, AckKind::Nak(None));
             }
         }
