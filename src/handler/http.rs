@@ -7,13 +7,22 @@
 
 use super::{Handler, HandlerResult, JobContext, JobError};
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::time::Duration;
 
 /// How much of an error response's body goes into the job's error message.
 const BODY_SNIPPET: usize = 500;
+
+// The request's own headers, named once: a header name given as a string is parsed (and a
+// custom one copied) on every request.
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const JOB_ID: HeaderName = HeaderName::from_static("x-jobwarden-job-id");
+const ATTEMPT: HeaderName = HeaderName::from_static("x-jobwarden-attempt");
+const WORKER: HeaderName = HeaderName::from_static("x-jobwarden-worker");
+const DEADLINE_MS: HeaderName = HeaderName::from_static("x-jobwarden-deadline-ms");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Hands jobs to an application listening on a (local) HTTP URL.
 pub struct HttpHandler {
@@ -75,18 +84,16 @@ impl HttpHandler {
             Some(url) => self.client.post(url.clone()),
             None => self.client.post(&self.url),
         };
+        let deadline_ms = u64::try_from(job.timeout.as_millis()).unwrap_or(u64::MAX);
         let mut req = req
-            .header("Idempotency-Key", job.idempotency_key())
-            .header("X-Jobwarden-Job-Id", &job.id)
-            .header("X-Jobwarden-Attempt", job.attempt.to_string())
-            .header("X-Jobwarden-Worker", &job.worker_id)
-            .header(
-                "X-Jobwarden-Deadline-Ms",
-                job.timeout.as_millis().to_string(),
-            )
+            .header(IDEMPOTENCY_KEY, job.idempotency_key())
+            .header(JOB_ID, &job.id)
+            .header(ATTEMPT, HeaderValue::from(job.attempt))
+            .header(WORKER, &job.worker_id)
+            .header(DEADLINE_MS, HeaderValue::from(deadline_ms))
             .json(&body);
         if let Some(tp) = &job.traceparent {
-            req = req.header("traceparent", tp);
+            req = req.header(TRACEPARENT, tp);
         }
         let resp = req.send().await?;
         let status = resp.status();
