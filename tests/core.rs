@@ -498,6 +498,17 @@ async fn every_statement_prepares_against_the_migrated_schema_and_migrate_is_ide
     assert_eq!(env.store.schema_version().await.unwrap() as i64, migrations);
 }
 
+/// The plan PostgreSQL picks for `sql` on this connection, as `EXPLAIN` prints it.
+async fn explain(c: &tokio_postgres::Client, sql: &str) -> String {
+    c.query(&format!("EXPLAIN {sql}"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[tokio::test]
 async fn job_ids_compare_byte_by_byte_in_every_column_and_joins_between_them_keep_their_indexes() {
     let env = TestEnv::new(RUST_QUEUE).await;
@@ -541,18 +552,7 @@ async fn job_ids_compare_byte_by_byte_in_every_column_and_joins_between_them_kee
     )
     .await
     .unwrap();
-    let plan = |sql: &'static str| {
-        let c = &c;
-        async move {
-            c.query(&format!("EXPLAIN {sql}"), &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<_, String>(0))
-                .collect::<Vec<_>>()
-                .join("\n")
-        }
-    };
+    let plan = |sql: &'static str| explain(&c, sql);
     // The view's two halves, each by its index.
     let attempts = plan("SELECT * FROM job_attempts WHERE job_id = 'order-7'").await;
     assert!(attempts.contains("jobs_pkey"), "{attempts}");
@@ -606,18 +606,7 @@ async fn claim_and_settle_queries_use_their_indexes() {
     )
     .await
     .unwrap();
-    let plan = |sql: &'static str| {
-        let c = &c;
-        async move {
-            c.query(&format!("EXPLAIN {sql}"), &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<_, String>(0))
-                .collect::<Vec<_>>()
-                .join("\n")
-        }
-    };
+    let plan = |sql: &'static str| explain(&c, sql);
     let stale = plan("SELECT id FROM jobs WHERE status = 'processing' AND stale_at < now()").await;
     assert!(stale.contains("jobs_processing_stale"), "{stale}");
     let due = plan("SELECT id FROM jobs WHERE status = 'scheduled' AND scheduled_at <= now() ORDER BY scheduled_at LIMIT 500").await;
@@ -652,18 +641,8 @@ async fn operator_queries_plan_with_postgres_defaults_and_the_workers_own_statem
     );
     // A whole-table report on the operator connection reads the table once, as the planner
     // likes, and answers.
-    let c = env.store.ops().await.unwrap();
-    let plan: Vec<String> = c
-        .query("EXPLAIN SELECT * FROM job_stats", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(
-        plan.iter().any(|l| l.contains("Seq Scan on jobs")),
-        "{plan:#?}"
-    );
+    let plan = explain(&env.store.ops().await.unwrap(), "SELECT * FROM job_stats").await;
+    assert!(plan.contains("Seq Scan on jobs"), "{plan}");
     assert!(env.store.job_stats().await.unwrap().is_empty());
 }
 
@@ -703,14 +682,7 @@ async fn hot_path_generic_plans_neither_scan_the_table_nor_loop_over_the_batch()
         c.batch_execute(&format!("PREPARE {name} AS {sql}"))
             .await
             .unwrap();
-        let plan: String = c
-            .query(&format!("EXPLAIN EXECUTE {name}{args}"), &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let plan = explain(&c, &format!("EXECUTE {name}{args}")).await;
         assert!(
             !plan.contains("Seq Scan on jobs"),
             "{name} scans jobs:\n{plan}"
