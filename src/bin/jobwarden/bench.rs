@@ -223,7 +223,19 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
             println!("{kind:>4} latency at {rate}/s: {}", latency(*rate, r));
         }
         if let Some(cost) = &through.cost {
-            println!("{kind:>4} costs {}", cost.per_job(through.jobs));
+            // The CPU this process spent from the worker's start to the last completion,
+            // per job: a figure that moves less with the machine's load than jobs/s do
+            // (PostgreSQL's and nats-server's own CPU is not in it).
+            let who = if kind == "http" {
+                "worker and no-op app"
+            } else {
+                "worker"
+            };
+            println!(
+                "{kind:>4} costs {}; this process ({who}) {:.1} µs CPU",
+                cost.per_job(through.jobs),
+                through.cpu.as_secs_f64() * 1e6 / through.jobs.max(1) as f64
+            );
         }
         if let Some(a) = app {
             app_url = Some(a);
@@ -267,6 +279,20 @@ struct PhaseResult {
     elapsed: Duration,
     latencies_us: Vec<u64>,
     cost: Option<PgCost>,
+    /// CPU time (user + system) this process spent on the phase's jobs.
+    cpu: Duration,
+}
+
+/// CPU time (user + system) this process has used so far.
+fn process_cpu() -> Duration {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF cannot fail.
+    let u = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
+        u.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// What a phase cost PostgreSQL, from its own counters (`pg_current_wal_lsn()`,
@@ -387,11 +413,13 @@ async fn phase(
     let result = if rate.is_none() {
         publish(&broker, &subject, n, None).await?;
         let counters = PgCost::before(&store).await?;
+        let cpu = process_cpu();
         let worker = Worker::new(config.clone())
             .rust_handler("noop", noop)
             .start(cancel.clone())
             .await?;
         wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
+        let cpu = process_cpu() - cpu;
         let elapsed = probe.since_first_start();
         worker.shutdown().await;
         PhaseResult {
@@ -399,6 +427,7 @@ async fn phase(
             elapsed,
             latencies_us: vec![],
             cost: PgCost::after(&store, counters).await.ok(),
+            cpu,
         }
     } else {
         let worker = Worker::new(config.clone())
@@ -416,6 +445,7 @@ async fn phase(
             elapsed,
             latencies_us: probe.sorted_latencies(),
             cost: None,
+            cpu: Duration::ZERO,
         }
     };
     let _ = broker.js.delete_stream(&config.nats.stream).await;
