@@ -231,8 +231,12 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
             } else {
                 "worker"
             };
+            let machine = through
+                .machine
+                .map(|m| format!("; {}", m.per_job(through.jobs)))
+                .unwrap_or_default();
             println!(
-                "{kind:>4} costs {}; this process ({who}) {:.1} µs CPU",
+                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}",
                 cost.per_job(through.jobs),
                 through.cpu.as_secs_f64() * 1e6 / through.jobs.max(1) as f64
             );
@@ -281,6 +285,132 @@ struct PhaseResult {
     cost: Option<PgCost>,
     /// CPU time (user + system) this process spent on the phase's jobs.
     cpu: Duration,
+    /// The whole machine's CPU over the same span, when `/proc` can be read.
+    machine: Option<MachineCpu>,
+}
+
+/// CPU time the whole machine and its local servers used over a span, from `/proc` (Linux):
+/// every core's busy time (`/proc/stat`) and the user + system time of the processes named
+/// `postgres` and `nats-server` (per process, so backends that start meanwhile count too;
+/// one that exits before the span ends loses its share). When the servers run elsewhere
+/// their figures are zero and left out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MachineCpu {
+    busy: Duration,
+    postgres: Duration,
+    nats: Duration,
+}
+
+/// A reading of `/proc` that [`MachineCpu::since`] compares a later one with.
+struct MachineMark {
+    busy_ticks: u64,
+    procs: std::collections::HashMap<(u32, u64), (&'static str, u64)>,
+}
+
+/// Clock ticks per second of `/proc`'s CPU times.
+fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+impl MachineMark {
+    fn now() -> Option<MachineMark> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let busy_ticks = busy_ticks(stat.lines().next()?)?;
+        let mut procs = std::collections::HashMap::new();
+        for e in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(s) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            if let Some((name, start, ticks)) = server_ticks(&s) {
+                procs.insert((pid, start), (name, ticks));
+            }
+        }
+        Some(MachineMark { busy_ticks, procs })
+    }
+}
+
+impl MachineCpu {
+    fn since(start: &MachineMark) -> Option<MachineCpu> {
+        let end = MachineMark::now()?;
+        let tick = Duration::from_secs(1) / clock_ticks() as u32;
+        let (mut postgres, mut nats) = (0u64, 0u64);
+        for (key, (name, ticks)) in &end.procs {
+            let before = start.procs.get(key).map_or(0, |(_, t)| *t);
+            let d = ticks.saturating_sub(before);
+            if *name == "postgres" {
+                postgres += d;
+            } else {
+                nats += d;
+            }
+        }
+        Some(MachineCpu {
+            busy: tick * end.busy_ticks.saturating_sub(start.busy_ticks) as u32,
+            postgres: tick * postgres as u32,
+            nats: tick * nats as u32,
+        })
+    }
+
+    /// "the machine, every process, 50.1 µs (of which postgres 24.0, nats-server 9.5)",
+    /// per job.
+    fn per_job(&self, jobs: usize) -> String {
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / jobs.max(1) as f64;
+        let mut servers = Vec::new();
+        if !self.postgres.is_zero() {
+            servers.push(format!("postgres {:.1}", us(self.postgres)));
+        }
+        if !self.nats.is_zero() {
+            servers.push(format!("nats-server {:.1}", us(self.nats)));
+        }
+        let servers = if servers.is_empty() {
+            String::new()
+        } else {
+            format!(" (of which {})", servers.join(", "))
+        };
+        format!(
+            "the machine, every process, {:.1} µs{servers}",
+            us(self.busy)
+        )
+    }
+}
+
+/// The busy ticks of `/proc/stat`'s `cpu` line: every column but idle and iowait.
+fn busy_ticks(cpu_line: &str) -> Option<u64> {
+    let mut f = cpu_line.split_whitespace();
+    if f.next()? != "cpu" {
+        return None;
+    }
+    let v: Vec<u64> = f.map(|x| x.parse().unwrap_or(0)).collect();
+    if v.len() < 5 {
+        return None;
+    }
+    // guest and guest_nice (columns 9 and 10) are already counted in user and nice.
+    let all: u64 = v.iter().take(8).sum();
+    Some(all - v[3] - v[4])
+}
+
+/// For a `postgres` or `nats-server` process's `/proc/<pid>/stat`: its name, start time and
+/// user + system ticks.
+fn server_ticks(stat: &str) -> Option<(&'static str, u64, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = match &stat[open + 1..close] {
+        "postgres" => "postgres",
+        "nats-server" => "nats-server",
+        _ => return None,
+    };
+    // After the name: state is field 3; utime 14, stime 15, starttime 22 (1-based).
+    let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let num = |i: usize| f.get(i - 3).and_then(|x| x.parse::<u64>().ok());
+    Some((name, num(22)?, num(14)? + num(15)?))
 }
 
 /// CPU time (user + system) this process has used so far.
@@ -413,6 +543,7 @@ async fn phase(
     let result = if rate.is_none() {
         publish(&broker, &subject, n, None).await?;
         let counters = PgCost::before(&store).await?;
+        let machine = MachineMark::now();
         let cpu = process_cpu();
         let worker = Worker::new(config.clone())
             .rust_handler("noop", noop)
@@ -420,6 +551,7 @@ async fn phase(
             .await?;
         wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
         let cpu = process_cpu() - cpu;
+        let machine = machine.as_ref().and_then(MachineCpu::since);
         let elapsed = probe.since_first_start();
         worker.shutdown().await;
         PhaseResult {
@@ -428,6 +560,7 @@ async fn phase(
             latencies_us: vec![],
             cost: PgCost::after(&store, counters).await.ok(),
             cpu,
+            machine,
         }
     } else {
         let worker = Worker::new(config.clone())
@@ -446,6 +579,7 @@ async fn phase(
             latencies_us: probe.sorted_latencies(),
             cost: None,
             cpu: Duration::ZERO,
+            machine: None,
         }
     };
     let _ = broker.js.delete_stream(&config.nats.stream).await;
@@ -672,5 +806,22 @@ mod tests {
         assert_eq!(super::percentile(&v, 99.0), 99);
         assert_eq!(super::percentile(&v, 100.0), 100);
         assert_eq!(super::percentile(&[], 50.0), 0);
+    }
+
+    #[test]
+    fn machine_cpu_is_read_from_procs_own_lines() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let line = "cpu  100 5 50 1000 20 3 2 0 40 0";
+        assert_eq!(super::busy_ticks(line), Some(160));
+        assert_eq!(super::busy_ticks("cpu0 1 2 3 4 5"), None);
+        // A backend's name is `postgres`; the command line (`postgres: user db ...`) is not
+        // in stat. A name with a space and a parenthesis is split at the last one.
+        let pg =
+            "4242 (postgres) S 4000 4242 4242 0 -1 4194560 90 0 0 0 123 45 0 0 20 0 1 0 777 0 0";
+        assert_eq!(super::server_ticks(pg), Some(("postgres", 777, 168)));
+        let nats = "17 (nats-server) S 1 17 17 0 -1 0 0 0 0 0 7 3 0 0 20 0 9 0 55 0 0";
+        assert_eq!(super::server_ticks(nats), Some(("nats-server", 55, 10)));
+        let other = "18 (odd) name) S 1 17 17 0 -1 0 0 0 0 0 7 3 0 0 20 0 9 0 55 0 0";
+        assert_eq!(super::server_ticks(other), None);
     }
 }
