@@ -98,9 +98,9 @@ impl Flow {
         }
     }
 
-    /// A job of this queue ended.
-    pub fn job_ended(&mut self) {
-        self.ended += 1;
+    /// `n` jobs of this queue ended.
+    pub fn jobs_ended(&mut self, n: usize) {
+        self.ended += n;
     }
 
     /// Reports ended jobs (their grants no longer count for the cap).

@@ -36,8 +36,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, error, warn};
 
 /// How long one pull request waits at the server for messages. Short on purpose: a worker
@@ -246,7 +246,8 @@ pub(crate) struct Producer {
     lanes: Vec<LaneState>,
     done: mpsc::Sender<Finished>,
     slots: Arc<Semaphore>,
-    freed: Arc<Notify>,
+    /// Rung by every job as it ends, with the count of those ended since last read.
+    freed: Arc<Freed>,
     claims: Outage,
     /// Messages in claim statements still in flight: their slots are spoken for.
     claiming: usize,
@@ -287,6 +288,7 @@ impl Producer {
             .iter()
             .position(|l| l.lane.band.is_none())
             .filter(|_| flow.is_none());
+        let name = policy.name.clone();
         Producer {
             watched,
             slots: Arc::new(Semaphore::new(policy.concurrency)),
@@ -295,7 +297,11 @@ impl Producer {
             policy,
             lanes,
             done,
-            freed: Arc::new(Notify::new()),
+            freed: Arc::new(Freed {
+                rung: Notify::new(),
+                ended: Default::default(),
+                queue: name,
+            }),
             claims: Outage::new("claim"),
             claiming: 0,
             stop: CancellationToken::new(),
@@ -334,7 +340,8 @@ impl Producer {
         let mut loose = 0usize;
         let mut work_pulls = 0usize;
         let mut next_pull = 0u64;
-        let mut jobs: JoinSet<()> = JoinSet::new();
+        // The running jobs (they free their slot and ring `freed` as they end).
+        let jobs = TaskTracker::new();
         // Claim statements in flight (at most CLAIMS_IN_FLIGHT).
         let mut pending: Pending = FuturesUnordered::new();
         // Messages that arrived with no free slot (from doorbells): they take the next slots,
@@ -374,7 +381,7 @@ impl Producer {
                     loose -= taken;
                     let take: Vec<Delivered> = held.drain(..n).map(|(d, _)| d).collect();
                     let before = held.len();
-                    self.admit(take, &mut held, &mut jobs, &mut pending).await;
+                    self.admit(take, &mut held, &jobs, &mut pending).await;
                     // Unless messages went back to wait for grants (then on to the timers).
                     if held.len() <= before {
                         continue;
@@ -512,17 +519,12 @@ impl Producer {
                 _ = tokio::time::sleep(pull_backoff), if !pull_backoff.is_zero() => {
                     pull_backoff = Duration::ZERO;
                 }
-                _ = self.freed.notified() => {}
+                _ = self.freed.rung.notified() => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
                 _ = tokio::time::sleep_until(hold_until.into()), if !held.is_empty() => {}
                 _ = tokio::time::sleep_until(flow_wait.unwrap_or_else(Instant::now).into()), if flow_wait.is_some() => {}
                 Some(done) = pending.next(), if !pending.is_empty() => {
-                    self.finish_claim(done, &mut jobs).await;
-                }
-                Some(_) = jobs.join_next(), if !jobs.is_empty() => {
-                    if let Some(f) = self.flow.as_mut() {
-                        f.job_ended();
-                    }
+                    self.finish_claim(done, &jobs).await;
                 }
                 Some(ev) = pulls.next(), if !pulls.is_empty() => {
                     // Take this event and every other one already waiting: they are claimed
@@ -588,15 +590,9 @@ impl Producer {
                     }
                 }
             }
-            while let Some(res) = jobs.try_join_next() {
-                if let Some(f) = self.flow.as_mut() {
-                    f.job_ended();
-                }
-                if let Err(e) = res {
-                    if e.is_panic() {
-                        error!(queue = %self.policy.name, "a job task panicked: {e}");
-                    }
-                }
+            let ended = self.freed.take();
+            if let Some(f) = self.flow.as_mut() {
+                f.jobs_ended(ended);
             }
             if let Some(f) = self.flow.as_mut() {
                 f.report_ended().await;
@@ -615,8 +611,7 @@ impl Producer {
                     held.extend(arrived.drain(room..).map(|d| (d, now)));
                 }
                 if !arrived.is_empty() {
-                    self.admit(arrived, &mut held, &mut jobs, &mut pending)
-                        .await;
+                    self.admit(arrived, &mut held, &jobs, &mut pending).await;
                 }
             } else {
                 for i in empty_ended {
@@ -628,7 +623,7 @@ impl Producer {
         // attempt refunded). Messages already delivered to us go back at once (a job that
         // exists only as a message would otherwise wait for the adopter).
         while let Some(done) = pending.next().await {
-            self.finish_claim(done, &mut jobs).await;
+            self.finish_claim(done, &jobs).await;
         }
         for (d, _) in held.drain(..) {
             self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
@@ -646,10 +641,11 @@ impl Producer {
             f.give_back().await;
         }
         // Let running jobs finish (the worker bounds this by shutdown_grace).
-        while jobs.join_next().await.is_some() {
-            if let Some(f) = self.flow.as_mut() {
-                f.job_ended();
-            }
+        jobs.close();
+        jobs.wait().await;
+        let ended = self.freed.take();
+        if let Some(f) = self.flow.as_mut() {
+            f.jobs_ended(ended);
         }
         if let Some(f) = self.flow.as_mut() {
             f.report_ended().await;
@@ -748,7 +744,7 @@ impl Producer {
     async fn start_claim(
         &mut self,
         arrived: Vec<Delivered>,
-        jobs: &mut JoinSet<()>,
+        jobs: &TaskTracker,
         pending: &mut Pending,
     ) {
         let shared = self.shared.clone();
@@ -839,7 +835,7 @@ impl Producer {
 
     /// Takes a claim's answer: runs what it claimed, acks and drops what needs nothing,
     /// keeps conflicts and invalid messages, hands the rest back. Returns how many it ran.
-    async fn finish_claim(&mut self, done: ClaimDone, jobs: &mut JoinSet<()>) -> usize {
+    async fn finish_claim(&mut self, done: ClaimDone, jobs: &TaskTracker) -> usize {
         let (group, answered, health) = done;
         let Claiming {
             inputs,
@@ -1012,7 +1008,7 @@ impl Producer {
         &mut self,
         mut msgs: Vec<Delivered>,
         held: &mut Vec<(Delivered, Instant)>,
-        jobs: &mut JoinSet<()>,
+        jobs: &TaskTracker,
         pending: &mut Pending,
     ) {
         let Some(flow) = self.flow.as_mut() else {
@@ -1043,7 +1039,7 @@ impl Producer {
     }
 
     /// Records a claimed job in the ledger and runs it in its slot.
-    async fn dispatch(&self, jobs: &mut JoinSet<()>, d: Delivered, job: Owned) {
+    async fn dispatch(&self, jobs: &TaskTracker, d: Delivered, job: Owned) {
         // The pull accounting guarantees a free slot; waiting (rather than failing) keeps
         // the job safe even if that ever stopped being true.
         let permit = self
@@ -1375,11 +1371,46 @@ async fn run_with_permit(
     job: Owned,
     done: mpsc::Sender<Finished>,
     permit: OwnedSemaphorePermit,
-    freed: Arc<Notify>,
+    freed: Arc<Freed>,
 ) {
+    let _end = JobEnd {
+        permit: Some(permit),
+        freed,
+    };
     execute(shared, attempt, job, done).await;
-    drop(permit);
-    freed.notify_one();
+}
+
+/// Jobs that ended since the producer last looked, and the bell that wakes it for them.
+pub(crate) struct Freed {
+    rung: Notify,
+    ended: std::sync::atomic::AtomicUsize,
+    /// The producer's queue (for the log).
+    queue: String,
+}
+
+impl Freed {
+    /// How many jobs ended since the last call.
+    fn take(&self) -> usize {
+        self.ended.swap(0, Ordering::AcqRel)
+    }
+}
+
+/// Frees a job's slot and tells its producer when the job's task ends, however it ends (a
+/// panic outside the handler's own guard included).
+struct JobEnd {
+    permit: Option<OwnedSemaphorePermit>,
+    freed: Arc<Freed>,
+}
+
+impl Drop for JobEnd {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            error!(queue = %self.freed.queue, "a job task panicked");
+        }
+        drop(self.permit.take());
+        self.freed.ended.fetch_add(1, Ordering::AcqRel);
+        self.freed.rung.notify_one();
+    }
 }
 
 /// What a dead job keeps of a body that could not be decoded: the body itself when it is a
