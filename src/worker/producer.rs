@@ -502,6 +502,8 @@ impl Producer {
             }
 
             let mut arrived: Vec<Delivered> = Vec::new();
+            // Messages that came without a slot promised to them (a doorbell's).
+            let mut slotless: Vec<Delivered> = Vec::new();
             let mut empty_ended: Vec<usize> = Vec::new();
             let hold_until = held
                 .iter()
@@ -535,7 +537,8 @@ impl Producer {
                             PullEvent::Msg(id, m) => {
                                 let Some(p) = open.get_mut(&id) else { continue };
                                 let lane = &mut self.lanes[p.lane];
-                                if p.reserved > 0 {
+                                let with_slot = p.reserved > 0;
+                                if with_slot {
                                     p.reserved -= 1;
                                     reserved -= 1;
                                     if p.kind == PullKind::Watch {
@@ -548,7 +551,12 @@ impl Producer {
                                 }
                                 p.remaining = p.remaining.saturating_sub(1);
                                 p.bytes += m.length as u64;
-                                arrived.push(Delivered::new(m, &lane.lane, p.lane));
+                                let d = Delivered::new(m, &lane.lane, p.lane);
+                                if with_slot {
+                                    arrived.push(d);
+                                } else {
+                                    slotless.push(d);
+                                }
                             }
                             PullEvent::Failed(cause) => {
                                 debug!(queue = %self.policy.name, %cause, "pull status");
@@ -583,7 +591,7 @@ impl Producer {
                                 }
                             }
                         }
-                        if arrived.len() >= batch_cap {
+                        if arrived.len() + slotless.len() >= batch_cap {
                             break;
                         }
                         ev = pulls.next().now_or_never().flatten();
@@ -599,6 +607,20 @@ impl Producer {
                 // Nothing to pull: the grants held go back for other workers.
                 if work_pulls == 0 && held.is_empty() && self.lanes.iter().all(|l| !l.hot) {
                     f.give_back().await;
+                }
+            }
+            if !slotless.is_empty() {
+                // A message that came without a slot never takes a free one from a
+                // higher-priority lane that has work: that lane's next pull gets the slot. It
+                // waits with the held ones (and goes back to the stream after HOLD_MAX).
+                let best_hot = self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX);
+                let now = Instant::now();
+                for d in slotless {
+                    if d.rank > best_hot {
+                        held.push((d, now));
+                    } else {
+                        arrived.push(d);
+                    }
                 }
             }
             if !arrived.is_empty() {
