@@ -598,11 +598,8 @@ impl Producer {
                     }
                 }
             }
-            let ended = self.freed.take();
             if let Some(f) = self.flow.as_mut() {
-                f.jobs_ended(ended);
-            }
-            if let Some(f) = self.flow.as_mut() {
+                f.jobs_ended(self.freed.take());
                 f.report_ended().await;
                 // Nothing to pull: the grants held go back for other workers.
                 if work_pulls == 0 && held.is_empty() && self.lanes.iter().all(|l| !l.hot) {
@@ -665,11 +662,8 @@ impl Producer {
         // Let running jobs finish (the worker bounds this by shutdown_grace).
         jobs.close();
         jobs.wait().await;
-        let ended = self.freed.take();
         if let Some(f) = self.flow.as_mut() {
-            f.jobs_ended(ended);
-        }
-        if let Some(f) = self.flow.as_mut() {
+            f.jobs_ended(self.freed.take());
             f.report_ended().await;
         }
     }
