@@ -5,32 +5,21 @@
 //! other 4xx is permanent. Timeouts, cancellation and transport errors (the application
 //! is down or restarting) are retried: the job must never be lost to an outage.
 
+use super::http_client::{Origin, Response};
 use super::{Handler, HandlerResult, JobContext, JobError};
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use reqwest::StatusCode;
 use serde_json::Value;
 use std::time::Duration;
 
 /// How much of an error response's body goes into the job's error message.
 const BODY_SNIPPET: usize = 500;
 
-// The request's own headers, named once: a header name given as a string is parsed (and a
-// custom one copied) on every request.
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-const JOB_ID: HeaderName = HeaderName::from_static("x-jobwarden-job-id");
-const ATTEMPT: HeaderName = HeaderName::from_static("x-jobwarden-attempt");
-const WORKER: HeaderName = HeaderName::from_static("x-jobwarden-worker");
-const DEADLINE_MS: HeaderName = HeaderName::from_static("x-jobwarden-deadline-ms");
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-
 /// Hands jobs to an application listening on a (local) HTTP URL.
 pub struct HttpHandler {
-    client: reqwest::Client,
     url: String,
-    /// The URL parsed once (parsing it per request showed in profiles); `None` when it does
-    /// not parse, and each request then reports why.
-    parsed: Option<reqwest::Url>,
+    /// The URL parsed once, with its pool of keep-alive connections; when it does not
+    /// parse, each request reports why.
+    origin: Result<Origin, String>,
 }
 
 /// The request body: the job, borrowed (its payload is not copied to build it).
@@ -46,70 +35,49 @@ struct JobRequest<'a> {
 
 impl HttpHandler {
     pub fn new(url: &str) -> HttpHandler {
-        let client = reqwest::Client::builder()
-            // The application is local: an HTTP(S)_PROXY meant for outbound traffic must
-            // not capture it.
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(5))
-            // A POST turned into a GET by a 301/302 would be a silent disaster; a redirect
-            // is reported as a misconfigured URL instead.
-            .redirect(reqwest::redirect::Policy::none())
-            // Short idle life: reconnecting on localhost is cheap, and it keeps us clear of
-            // servers with short keep-alive timeouts (gunicorn: 2 s, Node: 5 s) closing a
-            // pooled connection just as we reuse it.
-            .pool_idle_timeout(Duration::from_secs(1))
-            .build()
-            .expect("an HTTP client without TLS always builds");
         HttpHandler {
-            client,
             url: url.to_string(),
-            parsed: reqwest::Url::parse(url).ok(),
+            origin: Origin::parse(url),
         }
     }
 
     /// Sends the job and reads the whole response (status, `Retry-After`, body).
-    async fn exchange(
-        &self,
-        job: &JobContext,
-    ) -> reqwest::Result<(StatusCode, Option<Duration>, bytes::Bytes)> {
-        let body = JobRequest {
+    async fn exchange(&self, job: &JobContext) -> std::io::Result<Response> {
+        let origin = self
+            .origin
+            .as_ref()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.clone()))?;
+        let body = serde_json::to_vec(&JobRequest {
             id: &job.id,
             queue: &job.queue,
             attempt: job.attempt,
             max_attempts: job.max_attempts,
             payload: &job.payload,
             progress_url: job.progress_url(),
-        };
-        let req = match &self.parsed {
-            Some(url) => self.client.post(url.clone()),
-            None => self.client.post(&self.url),
-        };
+        })?;
         let deadline_ms = u64::try_from(job.timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut req = req
-            .header(IDEMPOTENCY_KEY, job.idempotency_key())
-            .header(JOB_ID, &job.id)
-            .header(ATTEMPT, HeaderValue::from(job.attempt))
-            .header(WORKER, &job.worker_id)
-            .header(DEADLINE_MS, HeaderValue::from(deadline_ms))
-            .json(&body);
+        let mut req = origin.post(body.len());
+        req.header("idempotency-key", job.idempotency_key().as_bytes())?;
+        req.header("x-jobwarden-job-id", job.id.as_bytes())?;
+        req.header("x-jobwarden-attempt", job.attempt.to_string().as_bytes())?;
+        req.header("x-jobwarden-worker", job.worker_id.as_bytes())?;
+        req.header(
+            "x-jobwarden-deadline-ms",
+            deadline_ms.to_string().as_bytes(),
+        )?;
         if let Some(tp) = &job.traceparent {
-            req = req.header(TRACEPARENT, tp);
+            // It came with the message; a malformed one is left out rather than failing
+            // the job.
+            if req.header("traceparent", tp.as_bytes()).is_err() {
+                tracing::debug!(job.id = %job.id, "traceparent {tp:?} is not a valid header value, not sent");
+            }
         }
-        let resp = req.send().await?;
-        let status = resp.status();
-        let retry_after = retry_after(resp.headers());
-        let body = resp.bytes().await?;
-        Ok((status, retry_after, body))
+        origin.send(req, &body).await
     }
 
     /// Turns a complete response into the attempt's outcome.
-    fn outcome(
-        &self,
-        status: StatusCode,
-        retry_after: Option<Duration>,
-        body: &[u8],
-    ) -> HandlerResult {
-        if status.is_success() {
+    fn outcome(&self, code: u16, retry_after: Option<Duration>, body: &[u8]) -> HandlerResult {
+        if (200..300).contains(&code) {
             if body.iter().all(u8::is_ascii_whitespace) {
                 return Ok(None);
             }
@@ -121,7 +89,6 @@ impl HttpHandler {
                 }
             };
         }
-        let code = status.as_u16();
         let mut message = format!("HTTP {code} from {}", self.url);
         let snippet = String::from_utf8_lossy(&body[..body.len().min(BODY_SNIPPET)]);
         let snippet = snippet.trim();
@@ -157,7 +124,7 @@ impl Handler for HttpHandler {
     }
 
     async fn handle(&self, job: &JobContext) -> HandlerResult {
-        // Dropping the exchange future aborts the request (hyper closes the connection),
+        // Dropping the exchange future aborts the request (its connection is closed),
         // which is how both the timeout and cancellation stop it. The timeout covers the
         // whole exchange, reading the body included.
         let res = tokio::select! {
@@ -167,11 +134,10 @@ impl Handler for HttpHandler {
         };
         match res {
             Err(_elapsed) => Err(timed_out(job.timeout)),
-            Ok(Ok((status, retry_after, body))) => self.outcome(status, retry_after, &body),
+            Ok(Ok(r)) => self.outcome(r.status, r.retry_after, &r.body),
             Ok(Err(e)) => Err(JobError::retry(format!(
-                "request to {} failed: {} (is the application running?)",
-                self.url,
-                root_cause(&e)
+                "request to {} failed: {e} (is the application running?)",
+                self.url
             ))),
         }
     }
@@ -182,22 +148,6 @@ fn timed_out(timeout: Duration) -> JobError {
         "timed out after {}",
         humantime::format_duration(timeout)
     ))
-}
-
-/// A numeric `Retry-After` (delay in seconds); the HTTP-date form is ignored.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    v.parse::<u64>().ok().map(Duration::from_secs)
-}
-
-/// The innermost cause ("Connection refused (os error 111)"): reqwest's own message is
-/// generic and repeats the URL.
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut e = e;
-    while let Some(source) = e.source() {
-        e = source;
-    }
-    e.to_string()
 }
 
 #[cfg(test)]
@@ -260,7 +210,8 @@ mod tests {
 
         let req = server.await.unwrap();
         let (head, body) = req.split_once("\r\n\r\n").unwrap();
-        let head = head.to_ascii_lowercase();
+        // Every header line ends in CRLF (the last one's was split off with the blank line).
+        let head = format!("{}\r\n", head.to_ascii_lowercase());
         assert!(head.starts_with("post /jobs http/1.1\r\n"), "{req}");
         for h in [
             "idempotency-key: job-1",
@@ -347,11 +298,7 @@ mod tests {
     async fn status_classification() {
         let h = HttpHandler::new("http://127.0.0.1:1/x");
         let secs = Some(Duration::from_secs(3));
-        let kind = |code, retry_after, body: &[u8]| match h.outcome(
-            StatusCode::from_u16(code).unwrap(),
-            retry_after,
-            body,
-        ) {
+        let kind = |code, retry_after, body: &[u8]| match h.outcome(code, retry_after, body) {
             Ok(_) => "ok".to_string(),
             Err(JobError::Retry { retry_after, .. }) => format!("retry {retry_after:?}"),
             Err(JobError::Permanent(m)) => format!("permanent {}", m.len()),

@@ -11,6 +11,7 @@
 
 pub mod exec;
 pub mod http;
+mod http_client;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
