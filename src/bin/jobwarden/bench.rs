@@ -788,8 +788,15 @@ impl NoopApp {
 
 /// Serves a local application (with a `POST /jobs` route) on a free loopback port; returns
 /// the handler URL and the server task.
+///
+/// Its listen backlog is 1,024, as application servers set theirs (gunicorn and uvicorn
+/// 2,048, Go the system's maximum): with Rust's and tokio's default of 128, a worker that
+/// opens hundreds of connections at once overflows it, and every dropped SYN costs its
+/// request a one-second retransmit (seen in the bench as `ListenOverflows` in `nstat`).
 pub async fn serve_local(app: axum::Router) -> Result<(String, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((std::net::Ipv4Addr::LOCALHOST, 0).into())?;
+    let listener = socket.listen(1024)?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
