@@ -421,6 +421,10 @@ fn read_head(
     } else {
         Framing::UntilClose
     };
+    if status == 101 {
+        // Switching protocols: the connection no longer speaks HTTP/1.1 (never asked for).
+        keep_alive = false;
+    }
     if coded && length.is_some() {
         // A message with both is suspect (smuggling); do not reuse the connection.
         keep_alive = false;
