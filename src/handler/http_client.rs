@@ -9,6 +9,8 @@
 //! and a response buffer that grows from 1 KiB. Parsing is `httparse`'s (hyper's parser).
 //!
 //! Semantics kept from a general client:
+//! - user information in the URL (`http://user:pass@host/`) is sent as `Basic`
+//!   authorization, as reqwest did;
 //! - connections are reused (most recently used first) and closed after [`IDLE`] unused;
 //!   one whose peer closed it meanwhile is noticed before use and dropped;
 //! - a request sent on a reused connection that the server closed before answering a
@@ -58,6 +60,8 @@ pub(super) struct Origin {
     host: String,
     /// Path and query of every request.
     path: String,
+    /// `Basic` credentials from the URL's user information (`http://user:pass@host/`).
+    authorization: Option<String>,
     idle: Arc<Mutex<VecDeque<(TcpStream, Instant)>>>,
     /// Whether the task that closes connections idle past [`IDLE`] runs.
     sweeping: std::sync::atomic::AtomicBool,
@@ -82,7 +86,21 @@ impl Origin {
             path.push('?');
             path.push_str(q);
         }
+        let authorization = (!u.username().is_empty() || u.password().is_some()).then(|| {
+            use base64::Engine;
+            let decode = |s| percent_encoding::percent_decode_str(s).decode_utf8_lossy();
+            let pair = format!(
+                "{}:{}",
+                decode(u.username()),
+                decode(u.password().unwrap_or(""))
+            );
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            )
+        });
         Ok(Origin {
+            authorization,
             connect_to: format!("{host}:{port}"),
             host: match u.port() {
                 Some(p) => format!("{host}:{p}"),
@@ -105,6 +123,11 @@ impl Origin {
         head.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
         head.extend_from_slice(body_len.to_string().as_bytes());
         head.extend_from_slice(b"\r\n");
+        if let Some(auth) = &self.authorization {
+            head.extend_from_slice(b"authorization: ");
+            head.extend_from_slice(auth.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
         Request { bytes: head }
     }
 
@@ -660,9 +683,17 @@ mod tests {
             (o.connect_to.as_str(), o.host.as_str()),
             ("[::1]:80", "[::1]")
         );
+        assert!(o.authorization.is_none());
         assert!(Origin::parse("https://x/")
             .unwrap_err()
             .contains("only http://"));
+        // Credentials in the URL are sent as Basic authorization, percent-decoded.
+        let creds = Origin::parse("http://us%40er:p%3Ass@127.0.0.1:1/x").unwrap();
+        let text = String::from_utf8(creds.post(0).bytes).unwrap();
+        assert!(
+            text.contains("\r\nauthorization: Basic dXNAZXI6cDpzcw==\r\n"),
+            "{text}"
+        );
         assert!(Origin::parse("not a url")
             .unwrap_err()
             .contains("is not a URL"));
