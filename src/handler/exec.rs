@@ -353,11 +353,23 @@ mod tests {
     fn grandchild(name: &str, sleeper: &str) -> (String, impl Fn() -> bool) {
         let file = std::env::temp_dir().join(format!("jobwarden-{}-{name}", std::process::id()));
         let script = format!("{sleeper} & echo $! > {}", file.display());
+        // Whether the process is still alive 2 s after the question: a process sent SIGKILL
+        // on a loaded machine may take a moment to be scheduled and die (a zombie is dead).
         let alive = move || {
             let pid = std::fs::read_to_string(&file).unwrap();
             let _ = std::fs::remove_file(&file);
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
-            stat.is_ok_and(|s| !s.rsplit_once(')').unwrap().1.trim_start().starts_with('Z'))
+            let living = || {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+                stat.is_ok_and(|s| !s.rsplit_once(')').unwrap().1.trim_start().starts_with('Z'))
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while living() {
+                if std::time::Instant::now() > deadline {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            false
         };
         (script, alive)
     }
