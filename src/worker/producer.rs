@@ -251,6 +251,11 @@ pub(crate) struct Producer {
     claims: Outage,
     /// Messages in claim statements still in flight: their slots are spoken for.
     claiming: usize,
+    /// Messages that arrived (with their slots) while every claim statement was in flight:
+    /// the next statement takes them all together, up to `claim_batch`, as soon as one
+    /// answers. Under load the groups grow this way (one commit and one WAL flush for many
+    /// messages) instead of a statement for every dribble a pull's answer arrives in.
+    ready: Vec<Delivered>,
     /// The worker's stop signal (its run loop ends on it and nothing else): a claim answered
     /// after it goes back (released), even one the producer waited for inside its loop,
     /// before the loop saw the signal.
@@ -304,6 +309,7 @@ impl Producer {
             }),
             claims: Outage::new("claim"),
             claiming: 0,
+            ready: Vec::new(),
             stop: CancellationToken::new(),
             pulls_sent: 0,
         }
@@ -311,7 +317,9 @@ impl Producer {
 
     /// Slots neither running a job nor promised to a claim in flight.
     fn free_slots(&self) -> usize {
-        self.slots.available_permits().saturating_sub(self.claiming)
+        self.slots
+            .available_permits()
+            .saturating_sub(self.claiming + self.ready.len())
     }
 
     /// The lane the next work pull goes to: the highest-priority hot lane, except that every
@@ -629,13 +637,22 @@ impl Producer {
                     let now = Instant::now();
                     held.extend(arrived.drain(room..).map(|d| (d, now)));
                 }
-                if !arrived.is_empty() {
-                    self.admit(arrived, &mut held, &jobs, &mut pending).await;
-                }
+                self.ready.append(&mut arrived);
             } else {
                 for i in empty_ended {
                     self.check_consumer(i, false).await;
                 }
+            }
+            // Claim what is ready while a statement may go out (a queue under a cap or rate
+            // limit claims one group at a time, inside `admit`).
+            while !self.ready.is_empty()
+                && (self.flow.is_some() || pending.len() < CLAIMS_IN_FLIGHT)
+            {
+                // Highest priority first (a stable sort: arrival order within a lane).
+                self.ready.sort_by_key(|d| d.rank);
+                let take = self.ready.len().min(batch_cap);
+                let group: Vec<Delivered> = self.ready.drain(..take).collect();
+                self.admit(group, &mut held, &jobs, &mut pending).await;
             }
         }
         // Stop fetching. Claims still in flight: what they claimed goes back (released, the
@@ -644,7 +661,10 @@ impl Producer {
         while let Some(done) = pending.next().await {
             self.finish_claim(done, &jobs).await;
         }
-        for (d, _) in held.drain(..) {
+        for d in std::mem::take(&mut self.ready)
+            .into_iter()
+            .chain(held.drain(..).map(|(d, _)| d))
+        {
             self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
         }
         while let Some(Some(ev)) = pulls.next().now_or_never() {
