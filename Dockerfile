@@ -12,6 +12,10 @@
 # Rust >= 1.92 (the crate's rust-version); pinned so a rebuild compiles the same way.
 FROM rust:1.95.0-slim-bookworm AS builder
 WORKDIR /build
+# make: jemalloc (the command's allocator) is built from its C sources by its own Makefile.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make=4.3-4.1 \
+    && rm -rf /var/lib/apt/lists/*
 # Only what the build reads (.dockerignore keeps the rest out of the context): the
 # manifests, the sources and the migrations embedded into the binary.
 COPY Cargo.toml Cargo.lock ./
