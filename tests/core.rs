@@ -609,6 +609,12 @@ async fn claim_and_settle_queries_use_their_indexes() {
     let plan = |sql: &'static str| explain(&c, sql);
     let stale = plan("SELECT id FROM jobs WHERE status = 'processing' AND stale_at < now()").await;
     assert!(stale.contains("jobs_processing_stale"), "{stale}");
+    // A worker's running jobs (the reclaim of a dead worker's, `jobwarden workers`) are found
+    // through the same index: a claim writes no index of owners (migration V13).
+    let owned =
+        plan("SELECT id FROM jobs WHERE status = 'processing' AND worker_id = ANY('{w1,w2}')")
+            .await;
+    assert!(owned.contains("jobs_processing_stale"), "{owned}");
     let due = plan("SELECT id FROM jobs WHERE status = 'scheduled' AND scheduled_at <= now() ORDER BY scheduled_at LIMIT 500").await;
     assert!(due.contains("jobs_scheduled_due"), "{due}");
     let by_id = plan("SELECT id FROM jobs WHERE id = ANY('{j1,j2}')").await;

@@ -1,0 +1,11 @@
+-- jobwarden schema, version 13: running jobs are found through one index, not two.
+--
+-- Every claim wrote an entry into each of two partial indexes over running jobs:
+-- jobs_processing_stale (stale_at), which the stale sweep reads, and jobs_processing_owner
+-- (worker_id), which the reclaim of a dead or stopped worker's jobs and the per-worker
+-- counts read. Both hold the same rows, and few: the jobs running right now, at most the
+-- cluster's slots (plus rows settled and not yet cleaned up). The owner queries now read the
+-- stale index and test worker_id on its rows, so a claim writes one index entry fewer per
+-- job (of five per job in all), for a scan of the running jobs where a lookup was — in a
+-- round every few seconds, or an operator's query.
+DROP INDEX IF EXISTS jobs_processing_owner;
