@@ -225,6 +225,96 @@ async fn the_fast_claim_of_a_group_holding_an_existing_id_inserts_none_of_it() {
 }
 
 #[tokio::test]
+async fn a_group_of_completions_is_settled_as_the_general_settle_would_and_stays_fenced() {
+    // A group of plain completions goes to job_settle_completed.sql; a group holding anything
+    // else to job_settle.sql. Both must leave a completed job's row the same way, and both
+    // must refuse an attempt whose lease moved on.
+    use jobwarden::job::JobStatus;
+    use jobwarden::store::SettleInput;
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let ids = ["plain-1", "plain-2", "general-1", "general-2", "fenced"];
+    let got = env.claim_new_as("w-me", &ids).await;
+    assert!(got.iter().all(Option::is_some), "{got:?}");
+    let done = |id: &str, lease: i64, result: Option<Value>| SettleInput {
+        id: id.into(),
+        lease,
+        status: JobStatus::Completed,
+        delay: Duration::ZERO,
+        error: None,
+        result,
+        outcome: "completed",
+        refund: false,
+    };
+    let store = &env.store;
+    // Plain completions only: the completions' statement. "fenced" carries a stale lease.
+    let plain = [
+        done("plain-1", 1, Some(json!({"pages": 3}))),
+        done("plain-2", 1, None),
+        done("fenced", 7, None),
+    ];
+    assert!(plain.iter().all(SettleInput::is_plain_completion));
+    let settled = store.job_settle("w-me", &plain).await.unwrap();
+    assert_eq!(settled, vec![true, true, false]);
+    // A completion beside a retry: the general statement.
+    let retry = SettleInput {
+        status: JobStatus::Scheduled,
+        delay: Duration::from_secs(60),
+        error: Some("boom".into()),
+        outcome: "retry",
+        ..done("general-2", 1, None)
+    };
+    assert!(!retry.is_plain_completion());
+    let general = [done("general-1", 1, Some(json!({"pages": 3}))), retry];
+    let settled = store.job_settle("w-me", &general).await.unwrap();
+    assert_eq!(settled, vec![true, true]);
+    let env_ref = &env;
+    let row = |id: &'static str| async move {
+        let c = env_ref.store.raw().await.unwrap();
+        let r = c
+            .query_one(
+                "SELECT status, attempts, lease, worker_id, result::text, last_error,
+                        completed_at IS NOT NULL AND completed_at <= now(), stale_at IS NULL,
+                        chain_pending, scheduled_at <= now()
+                 FROM jobs WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        (
+            r.get::<_, String>(0),
+            r.get::<_, i32>(1),
+            r.get::<_, i64>(2),
+            r.get::<_, Option<String>>(3),
+            r.get::<_, Option<String>>(4),
+            r.get::<_, Option<String>>(5),
+            r.get::<_, bool>(6),
+            r.get::<_, bool>(7),
+            r.get::<_, bool>(8),
+            r.get::<_, bool>(9),
+        )
+    };
+    let (plain_1, general_1) = (row("plain-1").await, row("general-1").await);
+    assert_eq!(plain_1, general_1);
+    assert_eq!(plain_1.0, "completed");
+    assert_eq!(plain_1.4.as_deref(), Some(r#"{"pages": 3}"#));
+    assert!(plain_1.6 && plain_1.7 && !plain_1.8, "{plain_1:?}");
+    assert_eq!(row("plain-2").await.4, None);
+    // The stale lease changed nothing, and left a late result in the attempt log.
+    let fenced = row("fenced").await;
+    assert_eq!(
+        (fenced.0.as_str(), fenced.7),
+        ("processing", false),
+        "{fenced:?}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM job_attempt_log WHERE job_id = 'fenced'")
+            .await,
+        1
+    );
+    assert_eq!(row("general-2").await.0, "scheduled");
+}
+
+#[tokio::test]
 async fn fails_twice_then_succeeds_with_three_attempts_recorded() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let h = from_fn(|job| async move {
@@ -677,6 +767,7 @@ async fn hot_path_generic_plans_neither_scan_the_table_nor_loop_over_the_batch()
             "job_settle",
             "('w', '{j1}', '{1}', '{completed}', '{0}', '{NULL}', '{NULL}', '{completed}', '{0}')",
         ),
+        ("job_settle_completed", "('w', '{j1}', '{1}', '{NULL}')"),
         ("job_progress", "('j1', 'w', 1, NULL, NULL, NULL, 300000)"),
     ];
     for (name, args) in hot {

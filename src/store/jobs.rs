@@ -216,25 +216,35 @@ impl Store {
     pub async fn job_settle(&self, worker_id: &str, batch: &[SettleInput]) -> Result<Vec<bool>> {
         let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
         let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
-        let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
-        let delays: Vec<i64> = batch.iter().map(|s| ms(s.delay)).collect();
-        let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
         let results: Vec<Option<&Value>> = batch.iter().map(|s| s.result.as_ref()).collect();
-        let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
-        let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_settle.sql"))
-            .await?;
-        let rows = client
-            .query(
-                &st,
-                &[
-                    &worker_id, &ids, &leases, &statuses, &delays, &errors, &results, &outcomes,
-                    &refunds,
-                ],
-            )
-            .await?;
+        let rows = if batch.iter().all(SettleInput::is_plain_completion) {
+            // The common case, in a statement of its own (fewer columns, no attempt log).
+            let st = client
+                .prepare_cached(include_str!("sql/job_settle_completed.sql"))
+                .await?;
+            client
+                .query(&st, &[&worker_id, &ids, &leases, &results])
+                .await?
+        } else {
+            let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
+            let delays: Vec<i64> = batch.iter().map(|s| ms(s.delay)).collect();
+            let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
+            let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
+            let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
+            let st = client
+                .prepare_cached(include_str!("sql/job_settle.sql"))
+                .await?;
+            client
+                .query(
+                    &st,
+                    &[
+                        &worker_id, &ids, &leases, &statuses, &delays, &errors, &results,
+                        &outcomes, &refunds,
+                    ],
+                )
+                .await?
+        };
         let settled = positions(&rows, batch.len());
         if settled.iter().any(|s| !s) {
             // The rare case: attempts whose job was taken from this worker. Their late

@@ -205,6 +205,17 @@ pub struct SettleInput {
     pub refund: bool,
 }
 
+impl SettleInput {
+    /// An attempt that completed its job with no error and nothing refunded: what
+    /// `job_settle_completed.sql` writes (and `job_settle.sql` writes the same way).
+    pub fn is_plain_completion(&self) -> bool {
+        self.status == JobStatus::Completed
+            && self.outcome == "completed"
+            && self.error.is_none()
+            && !self.refund
+    }
+}
+
 /// A scheduled job that became due, locked for publishing.
 #[derive(Debug, Clone)]
 pub struct DueJob {
@@ -548,6 +559,10 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ("flow_done", include_str!("sql/flow_done.sql")),
     ("job_claim", include_str!("sql/job_claim.sql")),
     ("job_settle", include_str!("sql/job_settle.sql")),
+    (
+        "job_settle_completed",
+        include_str!("sql/job_settle_completed.sql"),
+    ),
     (
         "job_settled_check",
         include_str!("sql/job_settled_check.sql"),
