@@ -174,12 +174,17 @@ impl Origin {
 
     /// The most recently used idle connection that is still open.
     fn checkout(&self) -> Option<TcpStream> {
+        // Stale sockets are closed after the lock is released.
+        let mut stale = Vec::new();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some((conn, since)) = idle.pop_back() {
             if since.elapsed() < IDLE && still_open(&conn) {
                 return Some(conn);
             }
+            stale.push(conn);
         }
+        drop(idle);
+        drop(stale);
         None
     }
 
@@ -371,11 +376,7 @@ async fn read_response(
         }
         Framing::UntilClose => {
             keep_alive = false;
-            while conn.read_buf(&mut buf).await? != 0 {
-                if buf.len() == buf.capacity() {
-                    buf.reserve(buf.capacity());
-                }
-            }
+            while fill(&mut conn, &mut buf).await? != 0 {}
             buf
         }
     };

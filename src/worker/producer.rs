@@ -645,11 +645,12 @@ impl Producer {
             }
             // Claim what is ready while a statement may go out (a queue under a cap or rate
             // limit claims one group at a time, inside `admit`).
+            // Highest priority first (a stable sort: arrival order within a lane); taking
+            // from the front keeps the rest sorted.
+            self.ready.sort_by_key(|d| d.rank);
             while !self.ready.is_empty()
                 && (self.flow.is_some() || pending.len() < CLAIMS_IN_FLIGHT)
             {
-                // Highest priority first (a stable sort: arrival order within a lane).
-                self.ready.sort_by_key(|d| d.rank);
                 let take = self.ready.len().min(batch_cap);
                 let group: Vec<Delivered> = self.ready.drain(..take).collect();
                 self.admit(group, &mut held, &jobs, &mut pending).await;
