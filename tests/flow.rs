@@ -906,3 +906,94 @@ async fn after_downtime_missed_cron_fires_are_skipped_or_run_once() {
     );
     w.shutdown().await;
 }
+
+/// A handler that runs each job `payload.ms` milliseconds and records how many ran at once.
+fn counting() -> (
+    Arc<dyn jobwarden::Handler>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let m = most.clone();
+    let h = from_fn(move |job| {
+        let (running, most) = (running.clone(), m.clone());
+        async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            let ms = job.payload["ms"].as_u64().unwrap_or(0);
+            if ms > 0 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            } else {
+                tokio::task::yield_now().await;
+            }
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    (h, most)
+}
+
+/// Every job ran to completion exactly once, its attempt counted once.
+async fn each_completed_once(env: &TestEnv, n: i64) {
+    assert_eq!(env.count("completed").await, n);
+    assert_eq!(env.scalar("SELECT count(*) FROM jobs").await, n);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE attempts <> 1")
+            .await,
+        0,
+        "a job's attempt was counted twice"
+    );
+}
+
+/// Short jobs are claimed ahead of their slots (the next group's statement runs while the
+/// last group still runs), yet never more than `concurrency` run at once.
+#[tokio::test]
+async fn short_jobs_are_claimed_ahead_of_their_slots_and_never_run_more_than_concurrency_at_once() {
+    let env = TestEnv::new(&rust_queue("work", "concurrency = 4\n")).await;
+    let (h, most) = counting();
+    let w = env.worker(&[("h", h)]).await;
+    // A backlog: the worker claims it in groups as fast as it can.
+    publish_many(&env, "jobs.work", 2000, 5).await;
+    assert!(env.wait_count("completed", 2000, 60).await);
+    let ahead = common::stat(&w.stats.claimed_ahead);
+    w.shutdown().await;
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    println!("claimed ahead of a slot: {ahead}; most running at once: {most}");
+    assert!(ahead > 0, "no job was claimed ahead of its slot");
+    assert!(most <= 4, "{most} jobs ran at once with 4 slots");
+    each_completed_once(&env, 2000).await;
+}
+
+/// Jobs claimed ahead behind jobs that turn out long get no slot within a second: they go
+/// back (attempt refunded) and run once the long ones end, one at a time per slot.
+#[tokio::test]
+async fn jobs_claimed_ahead_that_get_no_slot_in_time_go_back_and_run_once_later() {
+    let env = TestEnv::new(&rust_queue("work", "concurrency = 2\n")).await;
+    let (h, most) = counting();
+    let w = env.worker(&[("h", h)]).await;
+    // Short jobs first: the queue claims ahead from then on.
+    for _ in 0..40 {
+        env.publish_raw("work", json!({"ms": 0}).to_string()).await;
+    }
+    assert!(env.wait_count("completed", 40, 30).await);
+    // Two long jobs take both slots; the short ones behind them are claimed ahead.
+    for _ in 0..2 {
+        env.publish_raw("work", json!({"ms": 2500}).to_string())
+            .await;
+    }
+    for _ in 0..6 {
+        env.publish_raw("work", json!({"ms": 0}).to_string()).await;
+    }
+    assert!(env.wait_count("completed", 48, 30).await);
+    let (ahead, released) = (
+        common::stat(&w.stats.claimed_ahead),
+        common::stat(&w.stats.released),
+    );
+    w.shutdown().await;
+    println!("claimed ahead: {ahead}; given back: {released}");
+    assert!(released > 0, "no job claimed ahead was given back");
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most <= 2, "{most} jobs ran at once with 2 slots");
+    each_completed_once(&env, 48).await;
+}

@@ -125,6 +125,9 @@ pub struct Stats {
     pub overlapping: AtomicU64,
     /// The largest pull answered so far, in bytes.
     pub largest_pull_bytes: AtomicU64,
+    /// Jobs claimed with no slot free for them yet (their queue's jobs were short): each
+    /// took the next slot to free, or was given back if none freed within a second.
+    pub claimed_ahead: AtomicU64,
 }
 
 impl Stats {

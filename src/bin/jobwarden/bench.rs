@@ -236,9 +236,10 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
                 .map(|m| format!("; {}", m.per_job(through.jobs)))
                 .unwrap_or_default();
             println!(
-                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}",
+                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}; {} claimed ahead of a free slot",
                 cost.per_job(through.jobs),
-                through.cpu.as_secs_f64() * 1e6 / through.jobs.max(1) as f64
+                through.cpu.as_secs_f64() * 1e6 / through.jobs.max(1) as f64,
+                through.ahead
             );
         }
         if let Some(a) = app {
@@ -287,6 +288,8 @@ struct PhaseResult {
     cpu: Duration,
     /// The whole machine's CPU over the same span, when `/proc` can be read.
     machine: Option<MachineCpu>,
+    /// Jobs claimed ahead of a free slot (the worker's `claimed_ahead`).
+    ahead: u64,
 }
 
 /// CPU time the whole machine and its local servers used over a span, from `/proc` (Linux):
@@ -553,6 +556,7 @@ async fn phase(
         let cpu = process_cpu() - cpu;
         let machine = machine.as_ref().and_then(MachineCpu::since);
         let elapsed = probe.since_first_start();
+        let ahead = worker.stats.claimed_ahead.load(Ordering::Relaxed);
         worker.shutdown().await;
         PhaseResult {
             jobs: n,
@@ -561,6 +565,7 @@ async fn phase(
             cost: PgCost::after(&store, counters).await.ok(),
             cpu,
             machine,
+            ahead,
         }
     } else {
         let worker = Worker::new(config.clone())
@@ -580,6 +585,7 @@ async fn phase(
             cost: None,
             cpu: Duration::ZERO,
             machine: None,
+            ahead: 0,
         }
     };
     let _ = broker.js.delete_stream(&config.nats.stream).await;
