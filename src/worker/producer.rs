@@ -24,7 +24,7 @@ use super::flow::Flow;
 use super::outage::Outage;
 use super::{QueuePolicy, Shared, Stats};
 use crate::broker::{Lane, BROKER_CALL_LIMIT};
-use crate::handler::{exec::KILL_GRACE, AttemptControl};
+use crate::handler::{exec::KILL_GRACE, AttemptControl, Stop};
 use crate::job::{self, MessageOrigin};
 use crate::store::{Claim, ClaimInput};
 use async_nats::jetstream::{consumer::PullConsumer, message::Acker, AckKind};
@@ -1455,10 +1455,23 @@ async fn run_in_slot(
         None => {
             let got = tokio::time::timeout(HOLD_MAX, slots.acquire_owned()).await;
             freed.waiting.fetch_sub(1, Ordering::AcqRel);
-            match got {
-                Ok(Ok(p)) if attempt.control.stopped().is_none() => p,
-                _ => {
-                    debug!(job.id = %job.id, job.lease = job.lease, "claimed ahead and no slot freed in time: giving it back");
+            match (got, attempt.control.stopped()) {
+                (Ok(Ok(p)), None) => p,
+                (_, Some(Stop::Lost)) => {
+                    // Taken from this worker meanwhile: nothing to settle or ack (as for an
+                    // attempt that was running).
+                    shared.ledger.settled(&job.id, job.lease);
+                    freed.rung.notify_one();
+                    return;
+                }
+                (got, _) => {
+                    if got.is_err() {
+                        // No slot freed in a second: the jobs are not short any more. Claim
+                        // nothing ahead until a group of short ones has ended again (else
+                        // jobs would go back and forth every second behind long ones).
+                        freed.short_run.store(0, Ordering::Relaxed);
+                        debug!(job.id = %job.id, job.lease = job.lease, "claimed ahead and no slot freed in time: giving it back");
+                    }
                     shared.ledger.finished(&job.id, job.lease);
                     let _ = done
                         .send(Finished {
