@@ -35,6 +35,30 @@ pub struct Finished {
     pub elapsed: Duration,
 }
 
+impl Finished {
+    /// An attempt given back before it ran (the worker stopped or fenced itself off as it
+    /// was claimed, or it was claimed ahead and no slot freed): released, attempt refunded.
+    pub(crate) fn released(
+        id: String,
+        policy: Arc<QueuePolicy>,
+        lease: i64,
+        (attempt, max_attempts): (u32, u32),
+        acker: Arc<Acker>,
+    ) -> Finished {
+        Finished {
+            id,
+            policy,
+            lease,
+            attempt,
+            max_attempts,
+            outcome: Outcome::Released,
+            acker,
+            backoff: None,
+            elapsed: Duration::ZERO,
+        }
+    }
+}
+
 pub(crate) struct Completer {
     shared: Arc<Shared>,
     outage: std::sync::Mutex<Outage>,

@@ -993,17 +993,13 @@ impl Producer {
                     }
                     let _ = self
                         .done
-                        .send(Finished {
+                        .send(Finished::released(
                             id,
-                            policy: self.policy.clone(),
+                            self.policy.clone(),
                             lease,
-                            attempt: attempt.max(1) as u32,
-                            max_attempts: max_attempts.max(1) as u32,
-                            outcome: crate::backoff::Outcome::Released,
-                            acker: d.acker(),
-                            backoff: None,
-                            elapsed: Duration::ZERO,
-                        })
+                            (attempt.max(1) as u32, max_attempts.max(1) as u32),
+                            d.acker(),
+                        ))
                         .await;
                 }
                 Claim::Claimed {
@@ -1474,17 +1470,13 @@ async fn run_in_slot(
                     }
                     shared.ledger.finished(&job.id, job.lease);
                     let _ = done
-                        .send(Finished {
-                            id: job.id,
-                            policy: attempt.policy.clone(),
-                            lease: job.lease,
-                            attempt: job.attempt,
-                            max_attempts: job.max_attempts,
-                            outcome: crate::backoff::Outcome::Released,
-                            acker: attempt.acker.clone(),
-                            backoff: None,
-                            elapsed: Duration::ZERO,
-                        })
+                        .send(Finished::released(
+                            job.id,
+                            attempt.policy.clone(),
+                            job.lease,
+                            (job.attempt, job.max_attempts),
+                            attempt.acker.clone(),
+                        ))
                         .await;
                     freed.rung.notify_one();
                     return;
