@@ -908,16 +908,22 @@ async fn after_downtime_missed_cron_fires_are_skipped_or_run_once() {
 }
 
 /// A handler that runs each job `payload.ms` milliseconds and records how many ran at once.
+/// The ids of the jobs a handler started, in order.
+type Started = Arc<Mutex<Vec<String>>>;
+
 fn counting() -> (
     Arc<dyn jobwarden::Handler>,
     Arc<std::sync::atomic::AtomicUsize>,
+    Started,
 ) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
-    let m = most.clone();
+    let started: Started = Arc::default();
+    let (m, s) = (most.clone(), started.clone());
     let h = from_fn(move |job| {
         let (running, most) = (running.clone(), m.clone());
+        s.lock().unwrap().push(job.id.clone());
         async move {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(now, Ordering::SeqCst);
@@ -931,7 +937,7 @@ fn counting() -> (
             Ok(None)
         }
     });
-    (h, most)
+    (h, most, started)
 }
 
 /// Every job ran to completion exactly once, its attempt counted once.
@@ -951,7 +957,7 @@ async fn each_completed_once(env: &TestEnv, n: i64) {
 #[tokio::test]
 async fn short_jobs_are_claimed_ahead_of_their_slots_and_never_run_more_than_concurrency_at_once() {
     let env = TestEnv::new(&rust_queue("work", "concurrency = 4\n")).await;
-    let (h, most) = counting();
+    let (h, most, _) = counting();
     let w = env.worker(&[("h", h)]).await;
     // A backlog: the worker claims it in groups as fast as it can.
     publish_many(&env, "jobs.work", 2000, 5).await;
@@ -971,7 +977,7 @@ async fn short_jobs_are_claimed_ahead_of_their_slots_and_never_run_more_than_con
 #[tokio::test]
 async fn jobs_claimed_ahead_that_get_no_slot_in_time_go_back_and_run_once_later() {
     let env = TestEnv::new(&rust_queue("work", "concurrency = 2\n")).await;
-    let (h, most) = counting();
+    let (h, most, _) = counting();
     let w = env.worker(&[("h", h)]).await;
     // Short jobs first: the queue claims ahead from then on.
     for _ in 0..40 {
@@ -1003,4 +1009,120 @@ async fn jobs_claimed_ahead_that_get_no_slot_in_time_go_back_and_run_once_later(
     let most = most.load(std::sync::atomic::Ordering::SeqCst);
     assert!(most <= 2, "{most} jobs ran at once with 2 slots");
     each_completed_once(&env, 48).await;
+}
+
+/// Runs 40 short jobs (from then on the queue claims ahead), then two long jobs that take
+/// both slots, then `waiting` short jobs with ids `wait-1`, `wait-2`, …: these are claimed
+/// ahead and wait for a slot. Returns once they are all claimed by this worker while none of
+/// them has started.
+async fn claimed_ahead_behind_long_jobs(
+    env: &TestEnv,
+    started: &Started,
+    long_ms: u64,
+    waiting: usize,
+) {
+    for _ in 0..40 {
+        env.publish_raw("work", json!({"ms": 0}).to_string()).await;
+    }
+    assert!(env.wait_count("completed", 40, 30).await);
+    for i in 1..=2 {
+        let body = json!({"id": format!("long-{i}"), "payload": {"ms": long_ms}});
+        env.publish_raw("work", body.to_string()).await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            started.lock().unwrap().len() == 42
+        })
+        .await
+    );
+    for i in 1..=waiting {
+        let body = json!({"id": format!("wait-{i}"), "payload": {"ms": 0}});
+        env.publish_raw("work", body.to_string()).await;
+    }
+    let claimed = "SELECT count(*) FROM jobs WHERE id LIKE 'wait-%' AND status = 'processing'";
+    assert!(
+        wait_for(Duration::from_millis(900), || async {
+            env.scalar(claimed).await == waiting as i64
+        })
+        .await,
+        "the short jobs behind the long ones were not claimed ahead of a slot"
+    );
+    let ran: Vec<String> = started.lock().unwrap().clone();
+    assert!(
+        !ran.iter().any(|id| id.starts_with("wait-")),
+        "a job claimed ahead ran while both slots were taken: {ran:?}"
+    );
+}
+
+/// A job claimed ahead that is cancelled while it waits for a slot never runs, and costs the
+/// others nothing: they run once each.
+#[tokio::test]
+async fn a_job_claimed_ahead_and_cancelled_while_it_waits_for_a_slot_never_runs() {
+    let env = TestEnv::new(&format!(
+        "heartbeat_every = \"200ms\"\n{}",
+        rust_queue("work", "concurrency = 2\n")
+    ))
+    .await;
+    let (h, most, started) = counting();
+    let w = env.worker(&[("h", h)]).await;
+    claimed_ahead_behind_long_jobs(&env, &started, 3000, 2).await;
+    let out = env.cli(&["jobs", "cancel", "wait-1"]);
+    assert!(
+        common::text(&out).contains("wait-1 cancelled (it was processing"),
+        "{}",
+        common::text(&out)
+    );
+    assert!(env.wait_count("completed", 43, 30).await);
+    // Let the owner hear of the cancel and the long jobs end: nothing more may run.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.shutdown().await;
+    let ran = started.lock().unwrap().clone();
+    assert!(
+        !ran.iter().any(|id| id == "wait-1"),
+        "the cancelled job ran: {ran:?}"
+    );
+    assert_eq!(ran.iter().filter(|id| *id == "wait-2").count(), 1);
+    assert_eq!(env.status_of("wait-1").await.as_deref(), Some("cancelled"));
+    assert_eq!(env.count("completed").await, 43);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE status = 'completed' AND attempts <> 1")
+            .await,
+        0
+    );
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most <= 2, "{most} jobs ran at once with 2 slots");
+}
+
+/// A worker that drains while jobs claimed ahead wait for a slot gives them back at once (it
+/// starts nothing new): another worker runs each of them once, its attempt counted once; the
+/// long jobs that were running finish where they ran.
+#[tokio::test]
+async fn a_draining_worker_gives_back_the_jobs_claimed_ahead_at_once_and_each_runs_once() {
+    let env = TestEnv::new(&rust_queue("work", "concurrency = 2\n")).await;
+    let (h, most, started) = counting();
+    let w = env.worker(&[("h", h)]).await;
+    claimed_ahead_behind_long_jobs(&env, &started, 800, 4).await;
+    let report = w.shutdown().await;
+    let ran = started.lock().unwrap().clone();
+    assert!(
+        !ran.iter().any(|id| id.starts_with("wait-")),
+        "a job claimed ahead started while the worker drained: {ran:?}"
+    );
+    assert_eq!(report.released, 4, "{report:?}");
+    assert_eq!(env.status_of("long-1").await.as_deref(), Some("completed"));
+    assert_eq!(env.status_of("long-2").await.as_deref(), Some("completed"));
+    let (h2, most2, started2) = counting();
+    let w2 = env.worker(&[("h", h2)]).await;
+    assert!(env.wait_count("completed", 46, 30).await);
+    w2.shutdown().await;
+    let ran2 = started2.lock().unwrap().clone();
+    for i in 1..=4 {
+        let id = format!("wait-{i}");
+        assert_eq!(ran2.iter().filter(|r| **r == id).count(), 1, "{ran2:?}");
+    }
+    each_completed_once(&env, 46).await;
+    for most in [most, most2] {
+        let most = most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most <= 2, "{most} jobs ran at once with 2 slots");
+    }
 }

@@ -1449,10 +1449,22 @@ async fn run_in_slot(
     let permit = match permit {
         Some(p) => p,
         None => {
-            let got = tokio::time::timeout(HOLD_MAX, slots.acquire_owned()).await;
+            // The wait ends early when the attempt is stopped (taken from this worker, or
+            // released at the end of a drain's grace) and when the worker starts to drain: a
+            // job that has not started yet goes back at once for another worker to run.
+            let got = tokio::select! {
+                biased;
+                _ = attempt.control.token().cancelled() => Waited::Stopped,
+                _ = shared.fetch_cancel.cancelled() => Waited::Stopped,
+                p = tokio::time::timeout(HOLD_MAX, slots.acquire_owned()) => match p {
+                    Ok(Ok(p)) => Waited::Slot(p),
+                    Ok(Err(_closed)) => Waited::Stopped,
+                    Err(_elapsed) => Waited::TimedOut,
+                },
+            };
             freed.waiting.fetch_sub(1, Ordering::AcqRel);
             match (got, attempt.control.stopped()) {
-                (Ok(Ok(p)), None) => p,
+                (Waited::Slot(p), None) => p,
                 (_, Some(Stop::Lost)) => {
                     // Taken from this worker meanwhile: nothing to settle or ack (as for an
                     // attempt that was running).
@@ -1461,7 +1473,7 @@ async fn run_in_slot(
                     return;
                 }
                 (got, _) => {
-                    if got.is_err() {
+                    if matches!(got, Waited::TimedOut) {
                         // No slot freed in a second: the jobs are not short any more. Claim
                         // nothing ahead until a group of short ones has ended again (else
                         // jobs would go back and forth every second behind long ones).
@@ -1500,6 +1512,15 @@ async fn run_in_slot(
         started: Instant::now(),
     };
     execute(shared, attempt, job, done).await;
+}
+
+/// How a job claimed ahead of its slot stopped waiting for one.
+enum Waited {
+    Slot(OwnedSemaphorePermit),
+    /// No slot freed within HOLD_MAX.
+    TimedOut,
+    /// The attempt was stopped, or the worker drains.
+    Stopped,
 }
 
 /// Jobs that ended since the producer last looked, and the bell that wakes it for them.
