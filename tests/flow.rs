@@ -1126,3 +1126,55 @@ async fn a_draining_worker_gives_back_the_jobs_claimed_ahead_at_once_and_each_ru
         assert!(most <= 2, "{most} jobs ran at once with 2 slots");
     }
 }
+
+/// A worker that stops while its claim statements wait on the database and more messages
+/// wait behind them for a statement to go out (the ready buffer): the claims that commit
+/// during the drain are given back (attempt refunded) before the drain returns, and counted
+/// in its report; the waiting messages go back to the stream; nothing starts; and another
+/// worker runs every job once.
+#[tokio::test]
+async fn a_worker_stopping_with_claims_in_flight_and_messages_waiting_to_be_claimed_loses_and_doubles_nothing(
+) {
+    let env = TestEnv::new(&rust_queue("work", "concurrency = 512\n")).await;
+    let (h, _, started) = counting();
+    let w = env.worker(&[("h", h)]).await;
+    // Hold every claim: an insert waits for this lock.
+    let mut lock = env.store.raw().await.unwrap();
+    let tx = lock.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE jobs IN SHARE MODE")
+        .await
+        .unwrap();
+    publish_many(&env, "jobs.work", 600, 5).await;
+    // The worker takes as many as it has slots for: two groups in claim statements, the
+    // rest waiting for one of them to answer.
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            env.consumer_backlog("work").await.1 == 512
+        })
+        .await,
+        "the worker did not take its 512: {:?}",
+        env.consumer_backlog("work").await
+    );
+    let stopping = tokio::spawn(w.shutdown());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await.unwrap();
+    let report = stopping.await.unwrap();
+    println!("given back by the drain: {report:?}");
+    assert!(
+        started.lock().unwrap().is_empty(),
+        "a job started during the drain"
+    );
+    assert!(report.released > 0, "no claim was in flight: {report:?}");
+    assert!(
+        report.released < 512,
+        "every message taken was in a claim statement, none waiting: {report:?}"
+    );
+    assert_eq!(report.finished, 0, "{report:?}");
+    let (h2, _, started2) = counting();
+    let w2 = env.worker(&[("h", h2)]).await;
+    assert!(env.wait_count("completed", 600, 60).await);
+    w2.shutdown().await;
+    assert_eq!(started2.lock().unwrap().len(), 600);
+    each_completed_once(&env, 600).await;
+    env.wait_consumer_drained("work").await;
+}

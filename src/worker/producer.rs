@@ -991,14 +991,25 @@ impl Producer {
                     } else {
                         warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back");
                     }
+                    // Owned until the release settles: in the ledger meanwhile, so a drain
+                    // waits for it (and counts it).
+                    let control = AttemptControl::new(shared.pacing.stop_grace(KILL_GRACE));
+                    let owned = shared.ledger.claimed(
+                        &id,
+                        lease,
+                        self.policy.clone(),
+                        d.acker(),
+                        Arc::new(control),
+                    );
+                    shared.ledger.finished(&id, lease);
                     let _ = self
                         .done
                         .send(Finished::released(
                             id,
-                            self.policy.clone(),
+                            owned.policy,
                             lease,
                             (attempt.max(1) as u32, max_attempts.max(1) as u32),
-                            d.acker(),
+                            owned.acker,
                         ))
                         .await;
                 }
