@@ -128,6 +128,8 @@ pub struct Stats {
     /// Jobs claimed with no slot free for them yet (their queue's jobs were short): each
     /// took the next slot to free, or was given back if none freed within a second.
     pub claimed_ahead: AtomicU64,
+    /// Pull requests sent to JetStream (each asks for up to the free slots' worth).
+    pub pulls: AtomicU64,
 }
 
 impl Stats {

@@ -737,6 +737,7 @@ impl Producer {
         long_poll: bool,
     ) -> Result<async_nats::jetstream::consumer::pull::Batch, String> {
         let consumer = &self.lanes[i].consumer;
+        Stats::add(&self.shared.stats.pulls, 1);
         // No idle heartbeat: async-nats 0.51's batch stream stops waking up after the first
         // one, leaving later messages unread until ack_wait.
         let request = async {

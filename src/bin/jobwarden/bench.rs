@@ -236,10 +236,11 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
                 .map(|m| format!("; {}", m.per_job(through.jobs)))
                 .unwrap_or_default();
             println!(
-                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}; {} claimed ahead of a free slot",
+                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}; {} claimed ahead of a free slot; {:.1} jobs per pull request",
                 cost.per_job(through.jobs),
                 through.cpu.as_secs_f64() * 1e6 / through.jobs.max(1) as f64,
-                through.ahead
+                through.ahead,
+                through.jobs as f64 / through.pulls.max(1) as f64
             );
         }
         if let Some(a) = app {
@@ -290,6 +291,8 @@ struct PhaseResult {
     machine: Option<MachineCpu>,
     /// Jobs claimed ahead of a free slot (the worker's `claimed_ahead`).
     ahead: u64,
+    /// Pull requests the worker sent.
+    pulls: u64,
 }
 
 /// CPU time the whole machine and its local servers used over a span, from `/proc` (Linux):
@@ -557,6 +560,7 @@ async fn phase(
         let machine = machine.as_ref().and_then(MachineCpu::since);
         let elapsed = probe.since_first_start();
         let ahead = worker.stats.claimed_ahead.load(Ordering::Relaxed);
+        let pulls = worker.stats.pulls.load(Ordering::Relaxed);
         worker.shutdown().await;
         PhaseResult {
             jobs: n,
@@ -566,6 +570,7 @@ async fn phase(
             cpu,
             machine,
             ahead,
+            pulls,
         }
     } else {
         let worker = Worker::new(config.clone())
@@ -586,6 +591,7 @@ async fn phase(
             cpu: Duration::ZERO,
             machine: None,
             ahead: 0,
+            pulls: 0,
         }
     };
     let _ = broker.js.delete_stream(&config.nats.stream).await;
