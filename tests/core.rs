@@ -315,6 +315,55 @@ async fn a_group_of_completions_is_settled_as_the_general_settle_would_and_stays
 }
 
 #[tokio::test]
+async fn jobs_that_end_a_moment_apart_settle_in_groups_spaced_apart_each_once() {
+    // Jobs published a millisecond apart end a millisecond apart. Each settle statement is a
+    // commit whose WAL flush the claims queue behind, so a busy completer starts one at most
+    // every 5 ms (SETTLE_EVERY) with what ended meanwhile, instead of one per job.
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let (h, runs) = counting();
+    let worker = env.worker(&[("h", h)]).await;
+    let n = 150;
+    let began = std::time::Instant::now();
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let body = format!(r#"{{"id":"spaced-{i}","payload":{{}}}}"#);
+        acks.push(
+            env.broker
+                .js
+                .publish("jobs.work", body.into_bytes().into())
+                .await
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            env.count("completed").await == n
+        })
+        .await,
+        "completed: {}",
+        env.count("completed").await
+    );
+    let elapsed = began.elapsed();
+    let groups = stat(&worker.stats.settle_groups);
+    // Consecutive statements start at least 5 ms apart, whatever the machine's speed.
+    let most = elapsed.as_millis() as u64 / 5 + 1;
+    assert!(
+        groups <= most,
+        "{groups} settle statements for {n} jobs in {elapsed:?}: more than one per 5 ms ({most})"
+    );
+    env.wait_consumer_drained("work").await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), n as usize, "distinct jobs run");
+    assert!(runs.values().all(|&r| r == 1), "a job ran twice: {runs:?}");
+    assert_eq!(stat(&worker.stats.completed), n as u64);
+    worker.shutdown().await;
+}
+
+#[tokio::test]
 async fn fails_twice_then_succeeds_with_three_attempts_recorded() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let h = from_fn(|job| async move {

@@ -4,8 +4,10 @@
 //! never waits on NATS, so jobs that finish during a NATS outage are settled during it.
 //!
 //! Grouping is natural: while one statement is in flight, the next finished jobs queue up in
-//! the channel and go out together in the next one. An idle completer writes a single job at
-//! once, so grouping never adds latency.
+//! the channel and go out together in the next one. A busy completer also spaces its
+//! statements [`SETTLE_EVERY`] apart: each is a commit, and each commit waits for a WAL flush
+//! that the claims (whose commits a job's start waits on) queue behind. An idle completer
+//! writes a single job at once.
 
 use super::outage::Outage;
 use super::{QueuePolicy, Shared, Stats};
@@ -16,10 +18,19 @@ use async_nats::jetstream::{message::Acker, AckKind};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 /// Most attempts settled in one statement.
 const MAX_GROUP: usize = 1024;
+/// A settle statement starts at most this long after the last one started (a completer that
+/// was idle that long writes at once). Without it, jobs that end a millisecond apart settle
+/// one commit each, and the claims' commits queue behind their WAL flushes: at 5,000 jobs/s
+/// publish→start p50 went from 1.74–2.18 ms to 1.23–1.54 ms with it (bench, alternating
+/// runs), throughput unchanged. What it costs: a job's end is recorded, and its message
+/// acked, up to this much later (graphile-worker's batching preset delays its completions
+/// the same way).
+const SETTLE_EVERY: Duration = Duration::from_millis(5);
 
 /// A finished attempt on its way to the database.
 pub struct Finished {
@@ -75,7 +86,20 @@ impl Completer {
     /// Runs until every sender is gone (all producers and running jobs have finished).
     pub async fn run(self, mut rx: mpsc::Receiver<Finished>) {
         let mut group = Vec::with_capacity(MAX_GROUP);
+        let mut last: Option<Instant> = None;
         while rx.recv_many(&mut group, MAX_GROUP).await > 0 {
+            let due = last.map(|at| at + SETTLE_EVERY);
+            if let Some(due) = due.filter(|d| group.len() < MAX_GROUP && *d > Instant::now()) {
+                tokio::time::sleep_until(due).await;
+                while group.len() < MAX_GROUP {
+                    match rx.try_recv() {
+                        Ok(f) => group.push(f),
+                        Err(_) => break,
+                    }
+                }
+            }
+            last = Some(Instant::now());
+            Stats::add(&self.shared.stats.settle_groups, 1);
             self.run_once(std::mem::take(&mut group)).await;
         }
     }

@@ -130,6 +130,8 @@ pub struct Stats {
     pub claimed_ahead: AtomicU64,
     /// Pull requests sent to JetStream (each asks for up to the free slots' worth).
     pub pulls: AtomicU64,
+    /// Groups of finished attempts the completer settled (a statement and a commit each).
+    pub settle_groups: AtomicU64,
 }
 
 impl Stats {

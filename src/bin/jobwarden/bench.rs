@@ -236,11 +236,12 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
                 .map(|m| format!("; {}", m.per_job(through.jobs)))
                 .unwrap_or_default();
             println!(
-                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}; {} claimed ahead of a free slot; {:.1} jobs per pull request",
+                "{kind:>4} costs {}; CPU per job: this process ({who}) {:.1} µs{machine}; {} claimed ahead of a free slot; {:.1} jobs per pull request, {:.1} per settle statement",
                 cost.per_job(through.jobs),
                 through.cpu.as_secs_f64() * 1e6 / through.jobs.max(1) as f64,
                 through.ahead,
-                through.jobs as f64 / through.pulls.max(1) as f64
+                through.jobs as f64 / through.pulls.max(1) as f64,
+                through.jobs as f64 / through.settles.max(1) as f64
             );
         }
         if let Some(a) = app {
@@ -293,6 +294,8 @@ struct PhaseResult {
     ahead: u64,
     /// Pull requests the worker sent.
     pulls: u64,
+    /// Settle statements (groups) the worker's completer sent.
+    settles: u64,
 }
 
 /// CPU time the whole machine and its local servers used over a span, from `/proc` (Linux):
@@ -561,6 +564,7 @@ async fn phase(
         let elapsed = probe.since_first_start();
         let ahead = worker.stats.claimed_ahead.load(Ordering::Relaxed);
         let pulls = worker.stats.pulls.load(Ordering::Relaxed);
+        let settles = worker.stats.settle_groups.load(Ordering::Relaxed);
         worker.shutdown().await;
         PhaseResult {
             jobs: n,
@@ -571,6 +575,7 @@ async fn phase(
             machine,
             ahead,
             pulls,
+            settles,
         }
     } else {
         let worker = Worker::new(config.clone())
@@ -592,6 +597,7 @@ async fn phase(
             machine: None,
             ahead: 0,
             pulls: 0,
+            settles: 0,
         }
     };
     let _ = broker.js.delete_stream(&config.nats.stream).await;
