@@ -324,20 +324,19 @@ async fn read_response(
     mut buf: Vec<u8>,
 ) -> io::Result<(Response, Option<TcpStream>)> {
     // The head, skipping interim (1xx) responses.
-    let (status, retry_after, framing, mut keep_alive, head_len) = loop {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let status = resp.code.unwrap_or(0);
-                if (100..200).contains(&status) && status != 101 {
-                    buf.drain(..len);
-                    continue;
-                }
-                let (framing, keep_alive, retry_after) = read_head(&resp, status)?;
-                break (status, retry_after, framing, keep_alive, len);
+    let Head {
+        status,
+        retry_after,
+        framing,
+        mut keep_alive,
+        len: head_len,
+    } = loop {
+        match parse_head(&buf)? {
+            Parsed::Final(head) => break head,
+            Parsed::Interim(len) => {
+                buf.drain(..len);
             }
-            Ok(httparse::Status::Partial) => {
+            Parsed::Partial => {
                 if buf.len() > MAX_HEAD {
                     return Err(invalid(format!(
                         "the response head is over {} KiB",
@@ -348,7 +347,6 @@ async fn read_response(
                     return Err(cut_short());
                 }
             }
-            Err(e) => return Err(invalid(format!("the response is not HTTP/1.x ({e})"))),
         }
     };
     buf.drain(..head_len);
@@ -389,6 +387,51 @@ async fn read_response(
         },
         reuse,
     ))
+}
+
+/// A final response's head.
+struct Head {
+    status: u16,
+    retry_after: Option<Duration>,
+    framing: Framing,
+    keep_alive: bool,
+    /// Its length in bytes (the body starts there).
+    len: usize,
+}
+
+/// What the start of a response buffer holds.
+enum Parsed {
+    Final(Head),
+    /// An interim (1xx) response's head of this many bytes, to skip.
+    Interim(usize),
+    /// Not a whole head yet.
+    Partial,
+}
+
+/// Parses the head at the start of `buf`. Not async on purpose: the parser's header array
+/// (`MAX_HEADERS` entries, 3.2 KiB) lives only here, not in the state of every request in
+/// flight (it made the exchange future 3.7 KiB, copied as it moved and boxed per request).
+fn parse_head(buf: &[u8]) -> io::Result<Parsed> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => {
+            let status = resp.code.unwrap_or(0);
+            if (100..200).contains(&status) && status != 101 {
+                return Ok(Parsed::Interim(len));
+            }
+            let (framing, keep_alive, retry_after) = read_head(&resp, status)?;
+            Ok(Parsed::Final(Head {
+                status,
+                retry_after,
+                framing,
+                keep_alive,
+                len,
+            }))
+        }
+        Ok(httparse::Status::Partial) => Ok(Parsed::Partial),
+        Err(e) => Err(invalid(format!("the response is not HTTP/1.x ({e})"))),
+    }
 }
 
 /// What the head says: how the body is framed, whether the connection can be reused, and
@@ -669,6 +712,20 @@ mod tests {
                 .unwrap_err();
             assert!(e.to_string().contains(says), "{answer:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_request_in_flight_does_not_hold_the_parsers_header_array() {
+        // Every running HTTP job holds its exchange; with the header array (3,200 bytes) in
+        // its state it was 3.7 KB in a release build, copied on each move, and 512 slots
+        // held 1.2 MiB more (the worker-alone RSS in the bench).
+        let o = Origin::parse("http://127.0.0.1:9/x").unwrap();
+        let exchange = o.send(o.post(0), b"");
+        let size = std::mem::size_of_val(&exchange);
+        assert!(
+            size < std::mem::size_of::<[httparse::Header; MAX_HEADERS]>(),
+            "the exchange future is {size} bytes"
+        );
     }
 
     #[test]
