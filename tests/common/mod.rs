@@ -157,7 +157,6 @@ impl TestEnv {
         .await
     }
 
-    /// Count of jobs with `status`.
     /// The one `int8` an SQL statement returns (e.g. a count).
     pub async fn scalar(&self, sql: &str) -> i64 {
         self.store
@@ -170,6 +169,7 @@ impl TestEnv {
             .get(0)
     }
 
+    /// Count of jobs with `status`.
     pub async fn count(&self, status: &str) -> i64 {
         let c = self.store.raw().await.unwrap();
         c.query_one("SELECT count(*) FROM jobs WHERE status = $1", &[&status])
