@@ -907,10 +907,11 @@ async fn after_downtime_missed_cron_fires_are_skipped_or_run_once() {
     w.shutdown().await;
 }
 
-/// A handler that runs each job `payload.ms` milliseconds and records how many ran at once.
 /// The ids of the jobs a handler started, in order.
 type Started = Arc<Mutex<Vec<String>>>;
 
+/// A handler that runs each job `payload.ms` milliseconds; it records how many ran at once
+/// and which it started.
 fn counting() -> (
     Arc<dyn jobwarden::Handler>,
     Arc<std::sync::atomic::AtomicUsize>,

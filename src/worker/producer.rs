@@ -1002,17 +1002,8 @@ impl Producer {
                         d.acker(),
                         Arc::new(control),
                     );
-                    shared.ledger.finished(&id, lease);
-                    let _ = self
-                        .done
-                        .send(Finished::released(
-                            id,
-                            owned.policy,
-                            lease,
-                            (attempt.max(1) as u32, max_attempts.max(1) as u32),
-                            owned.acker,
-                        ))
-                        .await;
+                    let attempts = (attempt.max(1) as u32, max_attempts.max(1) as u32);
+                    release_unstarted(&shared, &self.done, &owned, id, lease, attempts).await;
                 }
                 Claim::Claimed {
                     lease,
@@ -1492,16 +1483,8 @@ async fn run_in_slot(
                         freed.short_run.store(0, Ordering::Relaxed);
                         debug!(job.id = %job.id, job.lease = job.lease, "claimed ahead and no slot freed in time: giving it back");
                     }
-                    shared.ledger.finished(&job.id, job.lease);
-                    let _ = done
-                        .send(Finished::released(
-                            job.id,
-                            attempt.policy.clone(),
-                            job.lease,
-                            (job.attempt, job.max_attempts),
-                            attempt.acker.clone(),
-                        ))
-                        .await;
+                    let attempts = (job.attempt, job.max_attempts);
+                    release_unstarted(&shared, &done, &attempt, job.id, job.lease, attempts).await;
                     freed.rung.notify_one();
                     return;
                 }
@@ -1524,6 +1507,28 @@ async fn run_in_slot(
         started: Instant::now(),
     };
     execute(shared, attempt, job, done).await;
+}
+
+/// Gives back a claimed attempt that never started (the worker stopped or fenced itself off
+/// as it was claimed, or it was claimed ahead and no slot freed): it leaves the running set of
+/// the ledger, and the completer releases it (attempt refunded) before acking its message.
+async fn release_unstarted(
+    shared: &Shared,
+    done: &mpsc::Sender<Finished>,
+    attempt: &super::ledger::Attempt,
+    id: String,
+    lease: i64,
+    attempts: (u32, u32),
+) {
+    shared.ledger.finished(&id, lease);
+    let released = Finished::released(
+        id,
+        attempt.policy.clone(),
+        lease,
+        attempts,
+        attempt.acker.clone(),
+    );
+    let _ = done.send(released).await;
 }
 
 /// How a job claimed ahead of its slot stopped waiting for one.
