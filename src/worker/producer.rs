@@ -169,7 +169,7 @@ enum Answer {
 
 /// Claim statements in flight at once per queue: the next group is claimed while the last
 /// one's statement runs and commits, so the producer does not idle on a round trip.
-const CLAIMS_IN_FLIGHT: usize = 2;
+pub(crate) const CLAIMS_IN_FLIGHT: usize = 2;
 
 /// A claim group on its way to PostgreSQL: the messages it claims (with their inputs at the
 /// same positions), and those it already knows the fate of.
