@@ -60,6 +60,9 @@ use tracing::{debug, error, info, warn};
 
 pub use completer::Finished;
 
+/// Longest a worker's start waits to open and prepare its hot connections.
+const WARM_UP_LIMIT: Duration = Duration::from_secs(5);
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     #[error(transparent)]
@@ -528,11 +531,18 @@ impl Worker {
             .await;
         // Connections for the claims in flight of every queue and the completer's settles,
         // opened and prepared before the first message is pulled.
+        // Preparing an insert waits for a lock on `jobs` that conflicts with it (an operator's
+        // `LOCK TABLE`, a migration elsewhere): the start does not wait for that.
         let hot = config.queues.len() * producer::CLAIMS_IN_FLIGHT + 1;
-        match store.warm_up(hot).await {
-            Ok(n) => debug!(connections = n, "PostgreSQL connections warmed"),
+        match tokio::time::timeout(WARM_UP_LIMIT, store.warm_up(hot)).await {
+            Ok(Ok(n)) => debug!(connections = n, "PostgreSQL connections warmed"),
             // Not fatal: the statements are prepared on first use instead.
-            Err(e) => warn!(cause = %e, "could not warm PostgreSQL connections"),
+            Ok(Err(e)) => {
+                warn!(cause = %e, "could not warm PostgreSQL connections; statements are prepared on first use")
+            }
+            Err(_) => {
+                warn!(limit = ?WARM_UP_LIMIT, "PostgreSQL connections not warmed in time (a lock on the jobs table?); statements are prepared on first use")
+            }
         }
         info!(worker.id = %worker_id, api = %api_addr, ops = ?ops_addr, queues = ?config.queues.keys().collect::<Vec<_>>(),
               heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
