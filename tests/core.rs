@@ -681,6 +681,32 @@ async fn a_started_worker_has_its_claim_and_settle_statements_ready_on_every_con
     worker.shutdown().await;
 }
 
+/// The warm-up waits for no lock: a worker starting while someone holds a lock on `jobs` that
+/// an insert conflicts with starts anyway (within the warm-up's 5 s), and runs jobs once the
+/// lock goes.
+#[tokio::test]
+async fn a_worker_starts_while_the_jobs_table_is_locked_and_runs_jobs_once_it_is_free() {
+    let env = TestEnv::new(RUST_QUEUE).await;
+    let mut locker = env.store.raw().await.unwrap();
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE jobs IN SHARE MODE")
+        .await
+        .unwrap();
+    let (h, runs) = counting();
+    let started = tokio::time::timeout(
+        Duration::from_secs(15),
+        env.worker_with(env.config.clone(), &[("h", h)]),
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    let worker = started.expect("the worker's start waited for the lock on jobs");
+    env.publish_raw("work", r#"{"id":"after-lock","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("after-lock", "completed", 20).await);
+    assert_eq!(runs.lock().unwrap()["after-lock"], 1);
+    worker.shutdown().await;
+}
+
 /// The plan PostgreSQL picks for `sql` on this connection, as `EXPLAIN` prints it.
 async fn explain(c: &tokio_postgres::Client, sql: &str) -> String {
     c.query(&format!("EXPLAIN {sql}"), &[])
