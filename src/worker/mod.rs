@@ -530,9 +530,9 @@ impl Worker {
             .reconcile_startup()
             .await;
         // Connections for the claims in flight of every queue and the completer's settles,
-        // opened and prepared before the first message is pulled.
-        // Preparing an insert waits for a lock on `jobs` that conflicts with it (an operator's
-        // `LOCK TABLE`, a migration elsewhere): the start does not wait for that.
+        // opened and prepared before the first message is pulled. Preparing an insert waits
+        // for a lock on `jobs` that conflicts with it (an operator's `LOCK TABLE`, a migration
+        // elsewhere): the start does not wait for that.
         let hot = config.queues.len() * producer::CLAIMS_IN_FLIGHT + 1;
         match tokio::time::timeout(WARM_UP_LIMIT, store.warm_up(hot)).await {
             Ok(Ok(n)) => debug!(connections = n, "PostgreSQL connections warmed"),
