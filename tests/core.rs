@@ -653,31 +653,42 @@ async fn a_started_worker_has_its_claim_and_settle_statements_ready_on_every_con
         .iter()
         .map(|s| s.to_string())
         .collect();
-    // All three connections at once (the worker's background tasks may hold one a moment).
-    let clients = futures::future::try_join_all((0..3).map(|_| worker.store.raw()))
-        .await
-        .unwrap();
-    let mut backends = std::collections::HashSet::new();
-    for c in &clients {
-        let r = c
-            .query_one(
-                "SELECT pg_backend_pid(), count(*) FROM pg_prepared_statements \
-                 WHERE statement = ANY($1)",
-                &[&hot],
-            )
+    // Each of the three connections (taken at once: the worker's background tasks may hold
+    // one a moment) holds each hot statement exactly once, by its backend.
+    let per_connection = || async {
+        let clients = futures::future::try_join_all((0..3).map(|_| worker.store.raw()))
             .await
             .unwrap();
-        let (pid, prepared): (i32, i64) = (r.get(0), r.get(1));
-        backends.insert(pid);
+        let mut out = std::collections::BTreeMap::new();
+        for c in &clients {
+            let r = c
+                .query_one(
+                    "SELECT pg_backend_pid(), count(*) FROM pg_prepared_statements \
+                     WHERE statement = ANY($1)",
+                    &[&hot],
+                )
+                .await
+                .unwrap();
+            out.insert(r.get::<_, i32>(0), r.get::<_, i64>(1));
+        }
+        out
+    };
+    let before = per_connection().await;
+    assert_eq!(before.len(), 3, "{before:?}");
+    for (pid, prepared) in &before {
         assert_eq!(
-            prepared,
+            *prepared,
             hot.len() as i64,
             "connection {pid} has {prepared} of the {} hot statements prepared",
             hot.len()
         );
     }
-    assert_eq!(backends.len(), 3);
-    drop(clients);
+    // A job's claim and settle use those statements: none is prepared again under another
+    // name (which would leave the warm-up's unused).
+    env.publish_raw("work", r#"{"id":"warm-1","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("warm-1", "completed", 10).await);
+    assert_eq!(per_connection().await, before);
     worker.shutdown().await;
 }
 

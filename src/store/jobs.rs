@@ -116,7 +116,7 @@ impl Store {
         stale_after: Duration,
         batch: &[ClaimInput],
     ) -> Result<ClaimAnswer> {
-        let sql = include_str!("sql/job_claim.sql");
+        let sql = super::JOB_CLAIM_SQL;
         let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
         let mut claims = vec![Claim::Duplicate; batch.len()];
         let mut alive = true;
@@ -141,7 +141,7 @@ impl Store {
         stale_after: Duration,
         batch: &[ClaimInput],
     ) -> Result<Vec<Option<Claim>>> {
-        let sql = include_str!("sql/job_claim_new.sql");
+        let sql = super::JOB_CLAIM_NEW_SQL;
         let rows = match self.claim_rows(sql, worker_id, stale_after, batch).await {
             // An id or idempotency key exists already: nothing was inserted.
             Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
@@ -221,7 +221,7 @@ impl Store {
         let rows = if batch.iter().all(SettleInput::is_plain_completion) {
             // The common case, in a statement of its own (fewer columns, no attempt log).
             let st = client
-                .prepare_cached(include_str!("sql/job_settle_completed.sql"))
+                .prepare_cached(super::JOB_SETTLE_COMPLETED_SQL)
                 .await?;
             client
                 .query(&st, &[&worker_id, &ids, &leases, &results])
@@ -232,9 +232,7 @@ impl Store {
             let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
             let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
             let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
-            let st = client
-                .prepare_cached(include_str!("sql/job_settle.sql"))
-                .await?;
+            let st = client.prepare_cached(super::JOB_SETTLE_SQL).await?;
             client
                 .query(
                     &st,
