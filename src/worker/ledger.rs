@@ -22,6 +22,12 @@ use crate::handler::{AttemptControl, Stop};
 use async_nats::jetstream::message::Acker;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// Job id → its attempt. Hashed with foldhash, seeded per process: a job's id is hashed at
+/// each transition, and SipHash cost several hundred instructions per lookup. The map holds
+/// only this worker's attempts (its slots and the jobs claimed ahead), so even ids built to
+/// collide could only slow the lookups of a few hundred entries.
+type Jobs = HashMap<String, Entry, foldhash::fast::RandomState>;
 use tokio::sync::Notify;
 
 /// Where an owned attempt stands.
@@ -53,13 +59,13 @@ pub(crate) struct Attempt {
 
 #[derive(Default)]
 pub(crate) struct Ledger {
-    jobs: Mutex<HashMap<String, Entry>>,
+    jobs: Mutex<Jobs>,
     /// Woken whenever an entry goes away.
     removed: Notify,
 }
 
 impl Ledger {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Jobs> {
         self.jobs.lock().expect("ledger lock")
     }
 
@@ -115,11 +121,18 @@ impl Ledger {
     /// attempt ended without one after it was stopped: forget it.
     pub fn settled(&self, id: &str, lease: i64) {
         let mut jobs = self.lock();
-        if jobs.get(id).is_some_and(|e| e.lease == lease) {
-            jobs.remove(id);
-            drop(jobs);
-            self.removed.notify_waiters();
+        // One lookup in the common case; an entry of another attempt (a newer claim of the
+        // same job) goes back untouched.
+        let Some(entry) = jobs.remove(id) else {
+            return;
+        };
+        if entry.lease != lease {
+            jobs.insert(id.to_string(), entry);
+            return;
         }
+        drop(jobs);
+        drop(entry);
+        self.removed.notify_waiters();
     }
 
     /// **lost**: the database no longer gives attempt `(id, lease)` to this worker. Stops it
@@ -190,5 +203,90 @@ impl Ledger {
         if let Some(e) = self.lock().get_mut(id).filter(|e| e.lease == lease) {
             e.state = to;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::from_fn;
+    use std::time::Duration;
+
+    /// A policy and an acker for ledger entries (the acker's client never connects: nothing
+    /// here acks).
+    async fn parts() -> (Arc<QueuePolicy>, Arc<Acker>) {
+        let policy = Arc::new(QueuePolicy {
+            name: "q".into(),
+            concurrency: 1,
+            timeout: Duration::from_secs(1),
+            max_attempts: 1,
+            backoff: Default::default(),
+            stale_after: Duration::from_secs(1),
+            fair_every: 0,
+            global_cap: None,
+            rate: None,
+            handler: from_fn(|_| async { Ok(None) }),
+            metrics: crate::worker::metrics::Metrics::new().queue("q"),
+        });
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("nats://127.0.0.1:1")
+            .await
+            .unwrap();
+        let acker = Arc::new(Acker::new(async_nats::jetstream::new(client), None));
+        (policy, acker)
+    }
+
+    #[tokio::test]
+    async fn an_older_attempts_transitions_leave_the_newer_attempt_of_the_same_job_alone() {
+        let (policy, acker) = parts().await;
+        let ledger = Ledger::default();
+        let first = Arc::new(AttemptControl::new(Duration::from_secs(1)));
+        ledger.claimed("j", 1, policy.clone(), acker.clone(), first.clone());
+        ledger.started("j", 1);
+        // The job was taken from us and claimed again: the first attempt is stopped.
+        let second = Arc::new(AttemptControl::new(Duration::from_secs(1)));
+        ledger.claimed("j", 2, policy.clone(), acker.clone(), second.clone());
+        assert_eq!(first.stopped(), Some(Stop::Lost));
+        assert_eq!(second.stopped(), None);
+
+        // The first attempt's late reports touch nothing.
+        ledger.finished("j", 1);
+        ledger.settled("j", 1);
+        assert_eq!(ledger.len(), 1, "the second attempt is still owned");
+        assert_eq!(ledger.owned().get("j"), Some(&2));
+        assert!(
+            ledger.progressed("j", 2).is_none(),
+            "claimed, not running yet"
+        );
+        ledger.started("j", 2);
+        assert!(ledger.progressed("j", 2).is_some());
+        assert!(ledger.progressed("j", 1).is_none());
+
+        ledger.finished("j", 2);
+        ledger.settled("j", 2);
+        assert!(ledger.is_empty());
+
+        // A settle wakes whoever waits for the ledger to empty; another lease's does not.
+        let ledger = Arc::new(Ledger::default());
+        ledger.claimed("k", 7, policy, acker, second);
+        let waiter = {
+            let ledger = ledger.clone();
+            tokio::spawn(async move { ledger.wait_empty().await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        ledger.settled("k", 6);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !waiter.is_finished(),
+            "another lease's settle removes nothing"
+        );
+        ledger.settled("k", 7);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("wait_empty returns once the last attempt is settled")
+            .unwrap();
+        assert!(ledger.is_empty());
     }
 }
