@@ -22,13 +22,13 @@ use crate::handler::{AttemptControl, Stop};
 use async_nats::jetstream::message::Acker;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
 
 /// Job id → its attempt. Hashed with foldhash, seeded per process: a job's id is hashed at
 /// each transition, and SipHash cost several hundred instructions per lookup. The map holds
 /// only this worker's attempts (its slots and the jobs claimed ahead), so even ids built to
 /// collide could only slow the lookups of a few hundred entries.
 type Jobs = HashMap<String, Entry, foldhash::fast::RandomState>;
-use tokio::sync::Notify;
 
 /// Where an owned attempt stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,20 +268,19 @@ mod tests {
         assert!(ledger.is_empty());
 
         // A settle wakes whoever waits for the ledger to empty; another lease's does not.
+        // (The test runtime has one thread: each yield lets the waiter run to its await.)
         let ledger = Arc::new(Ledger::default());
         ledger.claimed("k", 7, policy, acker, second);
         let waiter = {
             let ledger = ledger.clone();
             tokio::spawn(async move { ledger.wait_empty().await })
         };
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         ledger.settled("k", 6);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(
-            !waiter.is_finished(),
-            "another lease's settle removes nothing"
-        );
+        assert_eq!(ledger.len(), 1, "another lease's settle removes nothing");
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the waiter still waits");
         ledger.settled("k", 7);
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
