@@ -267,3 +267,61 @@ async fn enqueue_then_show_and_list() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("use one of queued"), "{}", text(&out));
 }
+
+/// The number in a line of the demo's output: the first whole number after `after`.
+fn number_after(out: &str, after: &str) -> Option<u64> {
+    let rest = &out[out.find(after)? + after.len()..];
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+/// `jobwarden demo`, as the README runs it (throwaway servers, three workers, one killed with
+/// `kill -9` and restarted): it finishes, every published job ends, and what it says about the
+/// crash agrees with the attempts table it prints — the jobs it says were taken back at the
+/// restart are the `restarted` attempts.
+#[test]
+fn the_demo_runs_its_crash_and_reports_it_as_the_attempts_table_records_it() {
+    let out = jobwarden(&["demo"], &[("RUST_LOG", "error")]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("CRASH: kill -9 demo-1"), "{t}");
+    assert!(t.contains("all 600 jobs reached a final state"), "{t}");
+    // The per-queue table: completed and dead add up to every job published.
+    let table = &t[t.find("final counts per queue:").expect("the table")..];
+    let ended: u64 = ["email", "webhooks", "pdf", "images"]
+        .iter()
+        .map(|q| {
+            let line = table
+                .lines()
+                .find(|l| l.trim_start().starts_with(q))
+                .unwrap_or_else(|| panic!("a row for {q}: {t}"));
+            let n: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|c| c.parse().expect("a count"))
+                .collect();
+            assert_eq!(n[..3], [0, 0, 0], "{q} has jobs left: {line}");
+            n[3] + n[4]
+        })
+        .sum();
+    assert_eq!(ended, 600, "{t}");
+    let summary = t
+        .lines()
+        .find(|l| l.contains(" jobs demo-1 "))
+        .unwrap_or_else(|| panic!("the crash's summary: {t}"));
+    let said = number_after(summary, "the ").expect("a count in the crash's summary");
+    let outcomes = &t[t.find("why attempts ended").expect("the outcomes")..];
+    let restarted = number_after(outcomes, "restarted").unwrap_or(0);
+    assert!(
+        restarted >= 1,
+        "the killed worker's jobs were taken back: {t}"
+    );
+    assert_eq!(
+        said, restarted,
+        "the summary's count of jobs taken back at the restart is the attempts table's: {t}"
+    );
+}

@@ -161,7 +161,6 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let total = args.jobs as i64;
     let mut last = String::new();
     let mut crashed = false;
-    let mut crash_at: Option<usize> = None;
     loop {
         // Once work is flowing, crash a worker the hard way and start it again.
         let victim = 1;
@@ -185,11 +184,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                 nix::sys::signal::Signal::SIGKILL,
             );
             let _ = workers[victim].wait();
-            println!("[{:>5.1}s] CRASH: kill -9 demo-{victim} with {mine} jobs in flight; restarting it under the same hostname",
+            // How many it held is read from the attempts table at the end: the count above is
+            // a moment old, and the worker claimed and finished jobs until the signal landed.
+            println!("[{:>5.1}s] CRASH: kill -9 demo-{victim} while it runs jobs; restarting it under the same hostname",
                      started.elapsed().as_secs_f64());
             workers[victim] = spawn(victim)?;
             crashed = true;
-            crash_at = Some(mine);
         }
         let counts = store.job_counts().await?;
         let terminal: i64 = counts
@@ -213,10 +213,20 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(if crashed { 500 } else { 100 })).await;
     }
-    if let Some(n) = crash_at {
-        println!("the {n} jobs demo-1 had in flight when it was killed were taken back at its restart (outcome `restarted`) and run again;");
-        println!("messages it had received but not yet claimed are adopted from the stream within seconds (outcome `adopted`),");
-        println!("not after ack_wait (10 min)");
+    if crashed {
+        let c = store.raw().await?;
+        let row = c
+            .query_one(
+                "SELECT count(*) FILTER (WHERE outcome = 'restarted' AND worker_id LIKE 'demo-1-%'), \
+                        count(*) FILTER (WHERE outcome = 'adopted') \
+                 FROM job_attempts",
+                &[],
+            )
+            .await?;
+        let (taken_back, adopted): (i64, i64) = (row.get(0), row.get(1));
+        println!("the {taken_back} jobs demo-1 held when it was killed were taken back at its restart (outcome `restarted`) and run again;");
+        println!("messages a worker had received but not yet claimed are adopted from the stream within seconds (outcome `adopted`,");
+        println!("{adopted} here), not after ack_wait (10 min)");
     }
 
     println!("\nfinal counts per queue:");
