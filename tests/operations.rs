@@ -105,6 +105,51 @@ async fn each_backoff_kind_retries_on_its_schedule_then_dead_letters() {
     worker.shutdown().await;
 }
 
+/// `dlq list` shows the most recently dead first: after an incident the jobs that just died
+/// are on top, even one enqueued days ago that used up its retries only now, and `--limit`
+/// keeps them rather than the newest-created.
+#[tokio::test]
+async fn dlq_list_shows_the_most_recently_dead_first() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    let c = env.store.raw().await.unwrap();
+    c.batch_execute(
+        "INSERT INTO jobs (id, queue, payload, status, attempts, max_attempts, created_at,
+                           completed_at, last_error) VALUES
+         ('enqueued-days-ago', 'work', '{}', 'dead', 5, 5, now() - interval '2 days',
+          now() - interval '1 minute', 'died a minute ago'),
+         ('enqueued-an-hour-ago', 'work', '{}', 'dead', 1, 1, now() - interval '1 hour',
+          now() - interval '1 hour', 'died an hour ago'),
+         ('enqueued-yesterday', 'work', '{}', 'dead', 3, 3, now() - interval '1 day',
+          now() - interval '20 minutes', 'died 20 minutes ago')",
+    )
+    .await
+    .unwrap();
+    let ids = |out: &std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let out = env.cli(&["dlq", "list", "--queue", "work"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        ids(&out),
+        [
+            "enqueued-days-ago",
+            "enqueued-yesterday",
+            "enqueued-an-hour-ago"
+        ],
+        "{}",
+        text(&out)
+    );
+    let out = env.cli(&["dlq", "list", "--limit", "1"]);
+    assert_eq!(ids(&out), ["enqueued-days-ago"], "{}", text(&out));
+    let out = env.cli(&["dlq", "list", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["id"], "enqueued-days-ago", "{}", text(&out));
+}
+
 #[tokio::test]
 async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
     let env = TestEnv::new(

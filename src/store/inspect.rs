@@ -146,11 +146,34 @@ impl Store {
         status: Option<&str>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
+        self.jobs_ordered(queue, status, limit, "created_at DESC, id")
+            .await
+    }
+
+    /// The dead-letter queue: dead jobs, the most recently dead first (a job enqueued days
+    /// ago that used up its retries just now is on top).
+    pub async fn dead_list(&self, queue: Option<&str>, limit: i64) -> Result<Vec<JobRow>> {
+        self.jobs_ordered(
+            queue,
+            Some("dead"),
+            limit,
+            "completed_at DESC NULLS LAST, id",
+        )
+        .await
+    }
+
+    async fn jobs_ordered(
+        &self,
+        queue: Option<&str>,
+        status: Option<&str>,
+        limit: i64,
+        order: &'static str,
+    ) -> Result<Vec<JobRow>> {
         let c = self.ops().await?;
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs
              WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR status = $2)
-             ORDER BY created_at DESC, id LIMIT $3"
+             ORDER BY {order} LIMIT $3"
         );
         let rows = c.query(&sql, &[&queue, &status, &limit]).await?;
         Ok(rows.into_iter().map(job_row).collect())

@@ -248,8 +248,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         println!("  {:<16} {}", r.get::<_, String>(0), r.get::<_, i64>(1));
     }
     drop(c);
-    println!("\ndead jobs and why (first 5):");
-    for j in store.job_list(None, Some("dead"), 5).await? {
+    println!("\ndead jobs and why (the 5 most recent):");
+    for j in store.dead_list(None, 5).await? {
         println!(
             "  {:<12} {:<9} attempts {}/{}  {}",
             j.id,

@@ -131,7 +131,7 @@ enum ConfigCommand {
 
 #[derive(Subcommand)]
 enum DlqCommand {
-    /// Dead jobs, newest first.
+    /// Dead jobs, the most recently dead first.
     List {
         #[arg(long)]
         queue: Option<String>,
@@ -488,7 +488,7 @@ async fn retry_one(store: &Store, id: &str) -> Result<()> {
 async fn dlq(store: &Store, command: DlqCommand) -> Result<()> {
     match command {
         DlqCommand::List { queue, limit, json } => {
-            let rows = store.job_list(queue.as_deref(), Some("dead"), limit).await?;
+            let rows = store.dead_list(queue.as_deref(), limit).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
                 return Ok(());
