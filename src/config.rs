@@ -372,6 +372,17 @@ impl Config {
     }
 
     fn validate_with(&self, require_queues: bool) -> Result<(), ConfigErrors> {
+        // A duration long enough to overflow the sums and multiples below is an error, not a
+        // panic; no setting needs more than ten years.
+        let too_long: Vec<String> = self
+            .durations()
+            .into_iter()
+            .filter(|(_, d)| *d > MAX_DURATION)
+            .map(|(name, d)| format!("{name} ({}) is too long: at most 3650 days", fmt_dur(d)))
+            .collect();
+        if !too_long.is_empty() {
+            return Err(ConfigErrors(too_long));
+        }
         let mut errs = Vec::new();
         let w = &self.worker;
         let n = &self.nats;
@@ -407,8 +418,18 @@ impl Config {
                 fmt_dur(w.heartbeat_every)
             ));
         }
-        if w.reap_every.is_zero() || w.broker_lost_after.is_zero() {
-            errs.push("worker.reap_every and worker.broker_lost_after must be above zero".into());
+        for (name, d) in [
+            ("worker.reap_every", w.reap_every),
+            ("worker.broker_lost_after", w.broker_lost_after),
+            ("worker.sweep_every", w.sweep_every),
+            ("worker.scheduler_every", w.scheduler_every),
+        ] {
+            if d.is_zero() {
+                errs.push(format!(
+                    "{name} ({}) must be above zero, e.g. \"1s\"",
+                    fmt_dur(d)
+                ));
+            }
         }
         if w.adopt_after < Duration::from_millis(100) || w.unserved_grace.is_zero() {
             errs.push(format!(
@@ -431,9 +452,6 @@ impl Config {
                 fmt_dur(w.heartbeat_every),
                 fmt_dur(w.stale_after)
             ));
-        }
-        if w.sweep_every.is_zero() || w.scheduler_every.is_zero() {
-            errs.push("worker.sweep_every and worker.scheduler_every must be above zero".into());
         }
         if w.claim_batch == 0 || w.claim_batch > 10_000 {
             errs.push(format!(
@@ -576,7 +594,10 @@ impl Config {
             ));
         }
         if n.duplicate_window < Duration::from_secs(1) {
-            errs.push("nats.duplicate_window must be at least 1s".into());
+            errs.push(format!(
+                "nats.duplicate_window ({}) must be at least 1s",
+                fmt_dur(n.duplicate_window)
+            ));
         }
         if require_queues && self.queues.is_empty() {
             errs.push(
@@ -619,10 +640,13 @@ impl Config {
                 ));
             }
             if q.max_attempts == 0 {
-                errs.push(format!("queues.{name}.max_attempts must be at least 1"));
+                errs.push(format!("queues.{name}.max_attempts (0) must be at least 1"));
             }
             if q.timeout.is_zero() {
-                errs.push(format!("queues.{name}.timeout must be above zero"));
+                errs.push(format!(
+                    "queues.{name}.timeout ({}) must be above zero, e.g. \"5m\"",
+                    fmt_dur(q.timeout)
+                ));
             }
             if let Err(e) = q.backoff.validate() {
                 errs.push(format!("queues.{name}.backoff: {e}"));
@@ -816,6 +840,43 @@ pub fn parse_rate_limit(text: &str) -> Result<(u32, Duration), String> {
     Ok((n, window))
 }
 
+/// The longest duration a setting may have (ten years).
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+impl Config {
+    /// Every duration setting, by its name in the file.
+    fn durations(&self) -> Vec<(String, Duration)> {
+        let (d, n, w) = (&self.database, &self.nats, &self.worker);
+        let mut all: Vec<(String, Duration)> = [
+            ("database.connect_timeout", d.connect_timeout),
+            ("nats.ack_wait", n.ack_wait),
+            ("nats.duplicate_window", n.duplicate_window),
+            ("worker.heartbeat_every", w.heartbeat_every),
+            ("worker.stale_after", w.stale_after),
+            ("worker.sweep_every", w.sweep_every),
+            ("worker.dead_after", w.dead_after),
+            ("worker.reap_every", w.reap_every),
+            ("worker.broker_lost_after", w.broker_lost_after),
+            ("worker.scheduler_every", w.scheduler_every),
+            ("worker.shutdown_grace", w.shutdown_grace),
+            ("worker.adopt_after", w.adopt_after),
+            ("worker.unserved_grace", w.unserved_grace),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (name, q) in &self.queues {
+            all.push((format!("queues.{name}.timeout"), q.timeout));
+            all.push((format!("queues.{name}.backoff.base"), q.backoff.base));
+            all.push((format!("queues.{name}.backoff.max"), q.backoff.max));
+            if let Some(s) = q.stale_after {
+                all.push((format!("queues.{name}.stale_after"), s));
+            }
+        }
+        all
+    }
+}
+
 pub fn fmt_dur(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
@@ -852,6 +913,52 @@ mod tests {
             c.handler_for("email"),
             Some(HandlerConfig::Http { .. })
         ));
+    }
+
+    #[test]
+    fn durations_too_long_to_compute_with_are_errors_not_panics() {
+        let huge = "18446744073709551615s";
+        for (section, key) in [
+            ("queues.email", "stale_after"),
+            ("queues.email", "timeout"),
+            ("worker", "heartbeat_every"),
+            ("worker", "shutdown_grace"),
+            ("worker", "stale_after"),
+            ("nats", "ack_wait"),
+            ("database", "connect_timeout"),
+        ] {
+            let text = if section == "queues.email" {
+                OK.replace(
+                    "concurrency = 4",
+                    &format!("concurrency = 4\n{key} = \"{huge}\""),
+                )
+            } else {
+                format!("{OK}\n[{section}]\n{key} = \"{huge}\"\n")
+            };
+            let err = Config::from_toml(&text).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{section}.{key} ("))
+                    && err.contains("is too long: at most 3650 days"),
+                "{section}.{key}: {err}"
+            );
+        }
+        let text = OK.replace(
+            "base = \"5s\" }",
+            "base = \"5s\", max = \"18446744073709551615s\" }",
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(err.contains("queues.email.backoff.max"), "{err}");
+        // The longest allowed is fine.
+        let text = format!("{OK}\n[worker]\nunserved_grace = \"3650days\"\n");
+        Config::from_toml(&text).unwrap();
+        // A zero names the one setting that is zero, and its value.
+        let text = format!("{OK}\n[worker]\nscheduler_every = \"0s\"\n");
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("worker.scheduler_every (0s) must be above zero"),
+            "{err}"
+        );
+        assert!(!err.contains("worker.sweep_every"), "{err}");
     }
 
     #[test]

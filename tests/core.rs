@@ -618,6 +618,55 @@ async fn bad_input_is_recorded_and_good_jobs_keep_flowing() {
     worker.shutdown().await;
 }
 
+/// A message that cannot even become a dead job (the insert fails) is kept in
+/// `poison_messages`, acked, logged and counted as invalid like any other, and the queue goes
+/// on.
+#[tokio::test]
+async fn a_message_that_cannot_become_a_dead_job_is_kept_as_poison_and_counted() {
+    let env = TestEnv::new(RUST_QUEUE).await;
+    // The database refuses dead rows (as a full disk or a broken constraint would).
+    env.store
+        .raw()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE FUNCTION refuse_dead() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'no dead rows today'; END $$;
+             CREATE TRIGGER refuse_dead BEFORE INSERT ON jobs FOR EACH ROW
+             WHEN (NEW.status = 'dead') EXECUTE FUNCTION refuse_dead();",
+        )
+        .await
+        .unwrap();
+    let (h, runs) = counting();
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw("work", "this is not json").await;
+    env.publish_raw("work", r#"{"id":"good-1","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("good-1", "completed", 10).await);
+    env.wait_consumer_drained("work").await;
+    let c = env.store.raw().await.unwrap();
+    let rows = c
+        .query("SELECT subject, reason, body FROM poison_messages", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].get::<_, String>(0).ends_with(".work"));
+    assert!(
+        rows[0].get::<_, String>(1).contains("not valid JSON"),
+        "{}",
+        rows[0].get::<_, String>(1)
+    );
+    assert_eq!(rows[0].get::<_, Vec<u8>>(2), b"this is not json");
+    assert_eq!(env.count("dead").await, 0);
+    assert_eq!(
+        stat(&worker.stats.invalid),
+        1,
+        "counted as an invalid message"
+    );
+    assert_eq!(runs.lock().unwrap().len(), 1);
+    worker.shutdown().await;
+}
+
 #[tokio::test]
 async fn every_statement_prepares_against_the_migrated_schema_and_migrate_is_idempotent() {
     let env = TestEnv::new(RUST_QUEUE).await;

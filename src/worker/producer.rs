@@ -1408,20 +1408,21 @@ pub(crate) async fn record_invalid(shared: &Shared, queue: &str, items: Vec<Reje
             .collect()
     };
     for r in items {
-        let new = inserted.contains(&r.id);
-        let recorded = new
-            || existing.contains(&r.id)
-            || store
-                .poison_insert(
-                    me,
-                    r.delivered.msg.subject.as_str(),
-                    Some(r.delivered.seq as i64),
-                    &r.reason,
-                    &r.delivered.msg.payload,
-                )
-                .await
-                .is_ok();
-        if recorded {
+        // Recorded now: as a dead job, or, when even that cannot be written, as a poison
+        // message. (One whose dead job exists already is a redelivery, counted before.)
+        let new = inserted.contains(&r.id)
+            || !existing.contains(&r.id)
+                && store
+                    .poison_insert(
+                        me,
+                        r.delivered.msg.subject.as_str(),
+                        Some(r.delivered.seq as i64),
+                        &r.reason,
+                        &r.delivered.msg.payload,
+                    )
+                    .await
+                    .is_ok();
+        if new || existing.contains(&r.id) {
             if new {
                 Stats::add(&shared.stats.invalid, 1);
                 warn!(queue = %queue, nats.seq = r.delivered.seq, job.id = %r.id, reason = %r.reason, "invalid message recorded and acked");
