@@ -200,6 +200,16 @@ impl Client {
                 "max attempts {max_attempts} must be from 1 to 1000"
             )));
         }
+        if let Some(t) = opts.timeout {
+            if t < Duration::from_millis(1) || t > job::MAX_TIMEOUT {
+                return Err(ClientError::Invalid(format!(
+                    "timeout {} must be from 1ms to {} (the longest a job may ask for; a \
+                     longer one can set its queue's timeout)",
+                    humantime::format_duration(t),
+                    humantime::format_duration(job::MAX_TIMEOUT)
+                )));
+            }
+        }
         let new = NewJob {
             id,
             queue: queue.to_string(),

@@ -620,6 +620,12 @@ impl Config {
                     errs.push(format!("queues.{name}.rate_limit {e}"));
                 }
             }
+            if let Some(n) = q.global_concurrency.filter(|&n| n > 1_000_000) {
+                errs.push(format!(
+                    "queues.{name}.global_concurrency ({n}) must be at most 1000000 (leave it \
+                     out for no cluster-wide cap)"
+                ));
+            }
             if q.global_concurrency == Some(0) {
                 errs.push(format!(
                     "queues.{name}.global_concurrency (0) must be at least 1 (leave it out for \
@@ -639,8 +645,11 @@ impl Config {
                     q.concurrency
                 ));
             }
-            if q.max_attempts == 0 {
-                errs.push(format!("queues.{name}.max_attempts (0) must be at least 1"));
+            if q.max_attempts == 0 || q.max_attempts > 1000 {
+                errs.push(format!(
+                    "queues.{name}.max_attempts ({}) must be from 1 to 1000",
+                    q.max_attempts
+                ));
             }
             if q.timeout.is_zero() {
                 errs.push(format!(
@@ -951,6 +960,20 @@ mod tests {
         // The longest allowed is fine.
         let text = format!("{OK}\n[worker]\nunserved_grace = \"3650days\"\n");
         Config::from_toml(&text).unwrap();
+        // Counts stored as 32-bit integers stay in range.
+        let text = OK.replace(
+            "max_attempts = 3",
+            "max_attempts = 4000000000\nglobal_concurrency = 3000000000",
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("queues.email.max_attempts (4000000000) must be from 1 to 1000"),
+            "{err}"
+        );
+        assert!(
+            err.contains("queues.email.global_concurrency (3000000000) must be at most"),
+            "{err}"
+        );
         // A zero names the one setting that is zero, and its value.
         let text = format!("{OK}\n[worker]\nscheduler_every = \"0s\"\n");
         let err = Config::from_toml(&text).unwrap_err().to_string();

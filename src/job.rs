@@ -339,6 +339,9 @@ pub fn derived_id(origin: &MessageOrigin<'_>) -> String {
     }
 }
 
+/// The longest timeout a job may ask for in its message (`timeout_ms`).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Decodes and validates a message body. `max_bytes` is the configured payload limit.
 pub fn decode(
     body: &[u8],
@@ -379,7 +382,7 @@ pub fn decode(
     };
     let priority = opt_i64(&obj, "priority", 0, 9)?.unwrap_or(DEFAULT_PRIORITY as i64) as i16;
     let max_attempts = opt_i64(&obj, "max_attempts", 1, 1000)?.map(|v| v as i32);
-    let timeout = opt_i64(&obj, "timeout_ms", 1, 7 * 24 * 3600 * 1000)?
+    let timeout = opt_i64(&obj, "timeout_ms", 1, MAX_TIMEOUT.as_millis() as i64)?
         .map(|v| Duration::from_millis(v as u64));
     // Up to the end of year 9999, the last instant PostgreSQL's timestamptz can store.
     let run_at_ms = opt_i64(&obj, "run_at_ms", 0, 253_402_300_799_999)?;

@@ -239,6 +239,27 @@ async fn enqueue_then_show_and_list() {
         "{}",
         text(&out)
     );
+    // A timeout no worker would accept (messages carry at most 7 days) is refused before
+    // anything is stored, rather than stored and then rejected as an invalid message.
+    let out = jobwarden(
+        &[
+            "enqueue",
+            "email",
+            "{}",
+            "--id",
+            "cli-8d",
+            "--timeout",
+            "8d",
+        ],
+        &envs,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("timeout 8days must be from 1ms to 7days"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(env.status_of("cli-8d").await, None, "nothing stored");
 
     // The message reached the stream: a worker runs it.
     let worker = env
