@@ -86,6 +86,17 @@ fn config_check_prints_the_effective_config_with_secrets_redacted() {
     assert!(t.contains("concurrency = 7"), "env override applied: {t}");
 }
 
+/// `cron list --next` is bounded: a huge count is an argument error, not minutes of work and
+/// gigabytes of memory.
+#[test]
+fn cron_list_refuses_a_count_of_next_fires_out_of_range() {
+    for n in ["100000000", "0"] {
+        let out = jobwarden(&["cron", "list", "--next", n], &[]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains("1..=100"), "{}", text(&out));
+    }
+}
+
 #[test]
 fn bad_arguments_and_files_exit_2_with_the_fix() {
     let out = jobwarden(

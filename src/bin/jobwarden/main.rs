@@ -208,9 +208,9 @@ enum CronCommand {
     /// Every schedule of the configuration: expression, time zone, queue, missed-fire
     /// policy, when it last fired (from the database) and its next fires.
     List {
-        /// How many next fires to show.
-        #[arg(long, default_value_t = 3)]
-        next: usize,
+        /// How many next fires to show (1 to 100).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+        next: u16,
     },
 }
 
@@ -401,7 +401,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             command: CronCommand::List { next },
         } => {
             let config = Config::load_connections(path.as_deref())?;
-            cron_list(&config, next).await
+            cron_list(&config, next.into()).await
         }
         Command::Jobs { command } => {
             let config = Config::load_connections(path.as_deref())?;
