@@ -722,3 +722,69 @@ async fn a_claim_still_in_flight_at_shutdown_gives_its_jobs_back_and_each_runs_o
         0
     );
 }
+
+/// Invariant 5, the other half: a job that runs three times `ack_wait` (reporting progress,
+/// so it is healthy) keeps its message with in-progress acks — JetStream never redelivers it
+/// while it runs, and it runs once. (The worker sends one at each progress report and one
+/// every third of `ack_wait`; with neither, this test sees the message redelivered.)
+#[tokio::test]
+async fn a_job_running_past_ack_wait_keeps_its_message_with_in_progress_acks() {
+    let env = TestEnv::new(
+        "heartbeat_every = \"200ms\"\nstale_after = \"1s\"\nsweep_every = \"200ms\"\n\
+         [queues.work]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    // The queue's consumer again, with a 2 s ack_wait.
+    let mut cfg = env.config.clone();
+    cfg.nats.ack_wait = Duration::from_secs(2);
+    cfg.validate().unwrap();
+    env.broker.js.delete_stream(&cfg.nats.stream).await.unwrap();
+    let broker = jobwarden::broker::Broker::connect(&cfg.nats).await.unwrap();
+    broker.provision_stream().await.unwrap();
+    broker
+        .provision_consumer(&jobwarden::broker::Lane::bare("work"))
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let h = from_fn(move |job| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            // 6 s, three times ack_wait, reporting every 300 ms.
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                job.progress(Progress::default())
+                    .await
+                    .map_err(|e| JobError::retry(e.to_string()))?;
+            }
+            Ok(None)
+        }
+    });
+    let worker = env.worker_with(cfg, &[("h", h)]).await;
+    env.publish_raw("work", r#"{"id":"long","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("long", "completed", 20).await);
+    env.wait_consumer_drained("work").await;
+    let info = env
+        .broker
+        .consumer(&jobwarden::broker::Lane::bare("work"))
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(
+        info.num_redelivered, 0,
+        "JetStream redelivered the running job's message"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(outcomes(&env.store, "long").await, vec!["completed"]);
+    assert_eq!(
+        stat(&worker.stats.dropped),
+        0,
+        "no copy of its message was dropped"
+    );
+    worker.shutdown().await;
+}
