@@ -114,6 +114,19 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 }
 
 impl StoreError {
+    /// The server went away or is restarting (a closed connection, an unreachable server,
+    /// SQLSTATE classes 08, 53, 57): worth doing again once it is back.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Unreachable { .. } => true,
+            StoreError::Db(e) => e.is_closed() || e.as_db_error().is_none() || is_transient(e),
+            StoreError::Migrate(m) => {
+                m.contains("connection closed") || m.contains("error communicating")
+            }
+            _ => false,
+        }
+    }
+
     /// PostgreSQL refused a row because a unique index holds its key already.
     pub fn is_unique_violation(&self) -> bool {
         let StoreError::Db(e) = self else {
@@ -672,3 +685,26 @@ pub const ALL_SQL: &[(&str, &str)] = &[
     ),
     ("job_discard_dead", include_str!("sql/job_discard_dead.sql")),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn a_server_that_went_away_is_transient_a_refusal_is_not() {
+        let t = || "127.0.0.1:5432/test".to_string();
+        assert!(StoreError::Unreachable {
+            target: t(),
+            cause: "connection closed".into()
+        }
+        .is_transient());
+        assert!(StoreError::Migrate("db error: connection closed".into()).is_transient());
+        assert!(!StoreError::Migrate("syntax error at or near \"x\"".into()).is_transient());
+        assert!(!StoreError::Refused {
+            target: t(),
+            reason: "password authentication failed".into()
+        }
+        .is_transient());
+        assert!(!StoreError::BadUrl("x".into()).is_transient());
+    }
+}

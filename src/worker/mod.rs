@@ -396,7 +396,7 @@ impl Worker {
             warn!("{warning}");
         }
         if config.worker.migrate {
-            let applied = store.migrate().await?;
+            let applied = retry_transient("the migrations", &cancel, || store.migrate()).await?;
             info!(applied, schema = %store.schema(), "migrations up to date");
         } else {
             // Another process migrates (a Kubernetes Job, a deploy step), maybe right now:
@@ -524,7 +524,7 @@ impl Worker {
             reregister: Notify::new(),
             hostname: hostname.clone(),
         });
-        shared.register().await?;
+        retry_transient("registering this worker", &cancel, || shared.register()).await?;
         // Before taking new work: recover what earlier incarnations of this host left.
         rescuer::Rescuer::new(shared.clone())
             .reconcile_startup()
@@ -646,6 +646,35 @@ impl RunningWorker {
             _ = cancel.cancelled() => {}
         }
         self.shutdown().await;
+    }
+}
+
+/// Runs a start-up step against PostgreSQL again, with backoff, while it fails because the
+/// server went away (a restart between connecting and this step): a worker that starts
+/// during a database restart waits for it rather than exit. Other errors end the start.
+async fn retry_transient<T, F, Fut>(
+    what: &str,
+    cancel: &CancellationToken,
+    mut step: F,
+) -> Result<T, WorkerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+{
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match step().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_transient() => {
+                error!(cause = %e, "{what} failed; retrying in {}", crate::config::fmt_dur(delay));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(WorkerError::Cancelled),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
 
