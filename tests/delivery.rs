@@ -573,13 +573,7 @@ async fn an_adopted_message_and_its_late_redelivery_are_one_job() {
     .await;
     let mut cfg = env.config.clone();
     cfg.nats.ack_wait = Duration::from_secs(3);
-    env.broker.js.delete_stream("JOBS").await.unwrap();
-    let broker = jobwarden::broker::Broker::connect(&cfg.nats).await.unwrap();
-    broker.provision_stream().await.unwrap();
-    broker
-        .provision_consumer(&jobwarden::broker::Lane::bare("work"))
-        .await
-        .unwrap();
+    env.reprovision(&cfg, "work").await;
     strand_in_a_killed_worker(&env, &cfg, 5).await;
     let b = env.worker_with(cfg, &[]).await;
     assert!(env.wait_count("completed", 5, 20).await);

@@ -738,13 +738,7 @@ async fn a_job_running_past_ack_wait_keeps_its_message_with_in_progress_acks() {
     let mut cfg = env.config.clone();
     cfg.nats.ack_wait = Duration::from_secs(2);
     cfg.validate().unwrap();
-    env.broker.js.delete_stream(&cfg.nats.stream).await.unwrap();
-    let broker = jobwarden::broker::Broker::connect(&cfg.nats).await.unwrap();
-    broker.provision_stream().await.unwrap();
-    broker
-        .provision_consumer(&jobwarden::broker::Lane::bare("work"))
-        .await
-        .unwrap();
+    env.reprovision(&cfg, "work").await;
     let runs = Arc::new(AtomicU32::new(0));
     let r = runs.clone();
     let h = from_fn(move |job| {

@@ -649,42 +649,60 @@ impl RunningWorker {
     }
 }
 
-/// Runs a start-up step against PostgreSQL again, with backoff, while it fails because the
-/// server went away (a restart between connecting and this step): a worker that starts
-/// during a database restart waits for it rather than exit. Other errors end the start.
-async fn retry_transient<T, F, Fut>(
-    what: &str,
-    cancel: &CancellationToken,
-    mut step: F,
-) -> Result<T, WorkerError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
-{
-    let mut delay = Duration::from_secs(1);
-    loop {
-        match step().await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.is_transient() => {
-                error!(cause = %e, "{what} failed; retrying in {}", crate::config::fmt_dur(delay));
-            }
-            Err(e) => return Err(e.into()),
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return Err(WorkerError::Cancelled),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(30));
-    }
-}
-
 /// Retries a connection (or provisioning) with backoff (1 s doubling to 30 s), saying what
 /// is not available, until it succeeds or `cancel` fires. Errors that no wait can cure (bad
 /// configuration, a refused login, a stream of the wrong kind) end it at once.
 async fn retry_connect<T, E, F, Fut>(
     what: &str,
     cancel: &CancellationToken,
-    mut connect: F,
+    connect: F,
+) -> Result<T, WorkerError>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    WorkerError: From<E>,
+{
+    retry_until(what, cancel, connect, |e: &E| {
+        let msg = e.to_string();
+        msg.contains("is invalid")
+            || msg.contains("cannot read nats.")
+            || msg.contains("does not hold a user nkey seed")
+            || msg.contains("authorization violation")
+            || msg.contains("invalid peer certificate")
+            || msg.contains("server does not support TLS")
+            || msg.contains("refused the connection")
+            || msg.contains("needs a work-queue stream")
+            || msg.contains("one consumer per subject")
+    })
+    .await
+}
+
+/// Runs a start-up step against PostgreSQL again, with the same backoff, while it fails
+/// because the server went away (a restart between connecting and this step): a worker that
+/// starts during a database restart waits for it rather than exit. Other errors end the start.
+async fn retry_transient<T, F, Fut>(
+    what: &str,
+    cancel: &CancellationToken,
+    step: F,
+) -> Result<T, WorkerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+{
+    retry_until(what, cancel, step, |e: &crate::store::StoreError| {
+        !e.is_transient()
+    })
+    .await
+}
+
+/// Runs `step` until it succeeds, `fatal` says its error is one no wait can cure, or
+/// `cancel` fires; waits 1 s after the first failure, doubling up to 30 s.
+async fn retry_until<T, E, F, Fut>(
+    what: &str,
+    cancel: &CancellationToken,
+    mut step: F,
+    fatal: impl Fn(&E) -> bool,
 ) -> Result<T, WorkerError>
 where
     E: std::fmt::Display,
@@ -694,23 +712,11 @@ where
 {
     let mut delay = Duration::from_secs(1);
     loop {
-        match connect().await {
+        match step().await {
             Ok(v) => return Ok(v),
+            Err(e) if fatal(&e) => return Err(e.into()),
             Err(e) => {
-                let msg = e.to_string();
-                if msg.contains("is invalid")
-                    || msg.contains("cannot read nats.")
-                    || msg.contains("does not hold a user nkey seed")
-                    || msg.contains("authorization violation")
-                    || msg.contains("invalid peer certificate")
-                    || msg.contains("server does not support TLS")
-                    || msg.contains("refused the connection")
-                    || msg.contains("needs a work-queue stream")
-                    || msg.contains("one consumer per subject")
-                {
-                    return Err(e.into());
-                }
-                error!(cause = %msg, "{what} not available; retrying in {}", crate::config::fmt_dur(delay));
+                error!(cause = %e, "{what} not available; retrying in {}", crate::config::fmt_dur(delay));
             }
         }
         tokio::select! {

@@ -157,6 +157,24 @@ impl TestEnv {
         .await
     }
 
+    /// Creates the stream and `queue`'s bare consumer again under `config`'s NATS settings
+    /// (another `ack_wait`, say), the old stream deleted first.
+    pub async fn reprovision(&self, config: &jobwarden::config::Config, queue: &str) {
+        self.broker
+            .js
+            .delete_stream(&config.nats.stream)
+            .await
+            .unwrap();
+        let broker = jobwarden::broker::Broker::connect(&config.nats)
+            .await
+            .unwrap();
+        broker.provision_stream().await.unwrap();
+        broker
+            .provision_consumer(&jobwarden::broker::Lane::bare(queue))
+            .await
+            .unwrap();
+    }
+
     /// The one `int8` an SQL statement returns (e.g. a count).
     pub async fn scalar(&self, sql: &str) -> i64 {
         self.store
