@@ -56,6 +56,16 @@ impl Backoff {
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(format!("jitter ({}) must be between 0 and 1", self.jitter));
         }
+        let longest = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+        if self.base > longest || self.max > longest {
+            return Err(format!(
+                "base ({:?}) and max ({:?}) must be at most {} days, the longest delay a job \
+                 may wait",
+                self.base,
+                self.max,
+                longest.as_secs() / 86_400
+            ));
+        }
         if self.max < self.base {
             return Err(format!(
                 "max ({:?}) must not be below base ({:?})",
@@ -81,11 +91,16 @@ impl Backoff {
     /// Delay with jitter applied: `unit` in [0, 1) picks a point in ±jitter/2 around the delay.
     pub fn delay_jittered(&self, attempt: u32, unit: f64) -> Duration {
         let d = self.delay(attempt);
-        if self.jitter <= 0.0 {
+        if self.jitter.is_nan() || self.jitter <= 0.0 {
             return d;
         }
-        let factor = 1.0 + self.jitter * (unit.clamp(0.0, 1.0) - 0.5);
-        d.mul_f64(factor.max(0.0)).min(self.max)
+        let factor = 1.0 + self.jitter.min(1.0) * (unit.clamp(0.0, 1.0) - 0.5);
+        // `mul_f64` panics past Duration::MAX: a delay is at most 1.5 × max, so only a max
+        // near Duration::MAX (a row from before the contract bounded backoffs) could; such a
+        // product saturates instead.
+        Duration::try_from_secs_f64(d.as_secs_f64() * factor.max(0.0))
+            .unwrap_or(Duration::MAX)
+            .min(self.max)
     }
 }
 
@@ -141,6 +156,9 @@ pub fn storable(outcome: Outcome) -> Outcome {
     }
 }
 
+/// The longest a retry ever waits ([`crate::contract::MAX_DELAY_MS`]).
+pub const LONGEST_DELAY: Duration = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+
 /// Decides the next state of a job whose attempt number `attempt` (1-based, already counted)
 /// ended with `outcome`, given `max_attempts` and the queue's backoff.
 pub fn settle(
@@ -160,9 +178,13 @@ pub fn settle(
             error: format!("{error} (attempt {attempt} of {max_attempts}, no attempts left)"),
         },
         Outcome::Retry { error, retry_after } => Settlement::RetryAfter {
+            // The one place a retry's delay is bounded: never past the contract's longest
+            // delay, whatever backoff a row holds (rows stored before the contract bounded
+            // backoffs may hold any) or a handler asks for.
             delay: retry_after
                 .map(|d| d.min(backoff.max))
-                .unwrap_or_else(|| backoff.delay_jittered(attempt, jitter_unit)),
+                .unwrap_or_else(|| backoff.delay_jittered(attempt, jitter_unit))
+                .min(LONGEST_DELAY),
             error,
         },
     }
@@ -233,6 +255,43 @@ mod tests {
             .contains("x\\u0000y"));
         let fine = Outcome::Success(Some(serde_json::json!({"a": 1})));
         assert_eq!(storable(fine.clone()), fine);
+    }
+
+    #[test]
+    fn a_retry_never_waits_past_the_longest_delay_whatever_the_backoff() {
+        // A row stored before the contract bounded backoffs may hold any.
+        let huge = Backoff {
+            kind: BackoffKind::Exponential,
+            base: Duration::from_secs(31_557_600 * 1_000_000),
+            max: Duration::MAX,
+            jitter: 1.0,
+        };
+        let retry = Outcome::Retry {
+            error: "x".into(),
+            retry_after: Some(Duration::MAX),
+        };
+        for attempt in [1, 2, 64, u32::MAX] {
+            for unit in [0.0, 0.5, 0.999] {
+                let got = settle(
+                    Outcome::Retry {
+                        error: "x".into(),
+                        retry_after: None,
+                    },
+                    attempt,
+                    u32::MAX,
+                    &huge,
+                    unit,
+                );
+                let Settlement::RetryAfter { delay, .. } = got else {
+                    panic!("{got:?}")
+                };
+                assert!(delay <= LONGEST_DELAY, "{delay:?}");
+            }
+        }
+        let Settlement::RetryAfter { delay, .. } = settle(retry, 1, 3, &huge, 0.5) else {
+            panic!()
+        };
+        assert_eq!(delay, LONGEST_DELAY);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! client; see `docs/message-format.md`.
 
 use crate::broker::Broker;
-use crate::job::{self, Envelope, JobStatus, NewJob, DEFAULT_PRIORITY};
+use crate::job::{Envelope, JobStatus, NewJob, DEFAULT_PRIORITY};
 use crate::store::{Enqueued, Store};
 use serde_json::Value;
 use std::time::Duration;
@@ -15,6 +15,9 @@ use std::time::Duration;
 pub enum ClientError {
     #[error("{0}")]
     Invalid(String),
+    /// The job contract refused a field (the same words at every door).
+    #[error(transparent)]
+    Refused(#[from] crate::contract::Refused),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     /// The id or idempotency key belongs to a job with another payload (the message says
@@ -90,51 +93,15 @@ impl Then {
     }
 }
 
-/// Checks `then` specs (recursively) the way SQL `enqueue()` does, so a message or an
-/// enqueue is refused before anything is stored.
-pub fn check_then(specs: &[Then]) -> Result<(), String> {
-    fn walk(specs: &[Then], path: &str) -> Result<(), String> {
-        for (i, t) in specs.iter().enumerate() {
-            let at = format!("{path}[{}]", i + 1);
-            job::validate_queue_name(&t.queue).map_err(|e| format!("{at}: {e}"))?;
-            if !t.payload.is_object() {
-                return Err(format!("{at}: payload must be a JSON object"));
-            }
-            job::check_storable(&t.payload).map_err(|e| format!("{at}: {e}"))?;
-            if let Some(id) = &t.id {
-                job::validate_id(id).map_err(|e| format!("{at}: id {e}"))?;
-            }
-            if t.priority.is_some_and(|p| !(0..=9).contains(&p)) {
-                return Err(format!("{at}: priority must be from 0 (first) to 9 (last)"));
-            }
-            if t.max_attempts.is_some_and(|n| !(1..=1000).contains(&n)) {
-                return Err(format!("{at}: max_attempts must be from 1 to 1000"));
-            }
-            if t.timeout_ms
-                .is_some_and(|ms| !(1..=604_800_000).contains(&ms))
-            {
-                return Err(format!(
-                    "{at}: timeout_ms must be from 1 to 604800000 (7 days)"
-                ));
-            }
-            if t.delay_ms.is_some_and(|ms| ms > 999_999_999_999) {
-                return Err(format!("{at}: delay_ms must be at most 999999999999"));
-            }
-            if let Some(k) = &t.idempotency_key {
-                if k.is_empty() || k.len() > 200 || k.chars().any(char::is_control) {
-                    return Err(format!(
-                        "{at}: idempotency_key must be 1 to 200 bytes without control characters"
-                    ));
-                }
-            }
-            if let Some(b) = &t.backoff {
-                b.validate().map_err(|e| format!("{at}: backoff: {e}"))?;
-            }
-            walk(&t.then, &format!("{at}.then"))?;
-        }
-        Ok(())
-    }
-    walk(specs, "then")
+/// Checks `then` specs (recursively) by the job contract ([`crate::contract`]), as SQL
+/// `enqueue()` and the workers' decoder do, so an enqueue is refused before anything is
+/// stored.
+pub fn check_then(specs: &[Then]) -> Result<(), crate::contract::Refused> {
+    let then = serde_json::to_value(specs).expect("then specs serialise");
+    let mut wrapper = serde_json::Map::new();
+    wrapper.insert("payload".into(), Value::Object(Default::default()));
+    wrapper.insert("then".into(), then);
+    crate::contract::check_spec(&wrapper, crate::contract::Door::Message, None).map(|_| ())
 }
 
 #[derive(Clone)]
@@ -168,65 +135,73 @@ impl Client {
         self
     }
 
-    /// Checks a job before it is stored: names, ranges, size (the message it will travel in
-    /// must fit the server and the workers). Returns the job, its envelope and max attempts.
+    /// Checks a job before it is stored, by the job contract ([`crate::contract`]) — the
+    /// same rules as every other door — and checks that the message it will travel in fits
+    /// the server and the workers. Returns the job, its envelope and max attempts.
     fn prepare(
         &self,
         queue: &str,
         payload: Value,
         opts: &EnqueueOptions,
     ) -> Result<(NewJob, Envelope, i32), ClientError> {
-        job::validate_queue_name(queue).map_err(ClientError::Invalid)?;
-        if !payload.is_object() {
-            return Err(ClientError::Invalid(
-                "payload must be a JSON object, e.g. '{\"to\":\"a@example.com\"}'".into(),
-            ));
-        }
-        job::check_storable(&payload).map_err(|e| ClientError::Invalid(e.to_string()))?;
         let id = opts
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        job::validate_id(&id).map_err(|e| ClientError::Invalid(format!("--id {e}")))?;
-        let priority = opts.priority.unwrap_or(DEFAULT_PRIORITY);
-        if !(0..=9).contains(&priority) {
-            return Err(ClientError::Invalid(format!(
-                "priority {priority} must be from 0 (first) to 9 (last)"
-            )));
-        }
-        let max_attempts = opts.max_attempts.unwrap_or(self.default_max_attempts);
-        if !(1..=1000).contains(&max_attempts) {
-            return Err(ClientError::Invalid(format!(
-                "max attempts {max_attempts} must be from 1 to 1000"
-            )));
-        }
-        if let Some(t) = opts.timeout {
-            if t < Duration::from_millis(1) || t > job::MAX_TIMEOUT {
-                return Err(ClientError::Invalid(format!(
-                    "timeout {} must be from 1ms to {} (the longest a job may ask for; a \
-                     longer one can set its queue's timeout)",
-                    humantime::format_duration(t),
-                    humantime::format_duration(job::MAX_TIMEOUT)
-                )));
+        let mut spec = serde_json::Map::new();
+        spec.insert("queue".into(), queue.into());
+        spec.insert("payload".into(), payload);
+        spec.insert("id".into(), id.clone().into());
+        let ms = |d: Duration| Value::from(d.as_millis().min(i64::MAX as u128) as i64);
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                spec.insert(k.into(), v);
             }
+        };
+        put("priority", opts.priority.map(Value::from));
+        put("max_attempts", opts.max_attempts.map(Value::from));
+        // A timeout under a millisecond is 0 ms, which the contract refuses by name.
+        put("timeout_ms", opts.timeout.map(ms));
+        put("delay_ms", opts.delay.map(ms));
+        put(
+            "idempotency_key",
+            opts.idempotency_key.clone().map(Value::from),
+        );
+        put(
+            "backoff",
+            opts.backoff
+                .map(|b| serde_json::to_value(b).expect("a backoff serialises")),
+        );
+        if !opts.then.is_empty() {
+            put(
+                "then",
+                Some(serde_json::to_value(&opts.then).expect("then specs serialise")),
+            );
         }
+        if !opts.depends_on.is_empty() {
+            put("depends_on", Some(Value::from(opts.depends_on.clone())));
+        }
+        let checked = crate::contract::check_spec(
+            &spec,
+            crate::contract::Door::Enqueue,
+            self.max_payload_bytes,
+        )?;
+        let priority = checked.priority.unwrap_or(DEFAULT_PRIORITY);
+        let max_attempts = checked.max_attempts.unwrap_or(self.default_max_attempts);
+        let timeout = checked.timeout_ms.map(|t| Duration::from_millis(t as u64));
         let new = NewJob {
             id,
             queue: queue.to_string(),
-            payload,
+            payload: checked.payload,
             priority,
+            priority_named: checked.priority.is_some(),
             max_attempts: Some(max_attempts),
-            timeout: opts.timeout,
-            idempotency_key: opts.idempotency_key.clone(),
+            timeout,
+            idempotency_key: checked.idempotency_key,
             run_at_ms: None,
-            backoff: opts.backoff,
+            backoff: checked.backoff,
             then: None,
         };
-        check_then(&opts.then).map_err(|e| ClientError::Invalid(format!("then: {e}")))?;
-        if let Some(b) = &new.backoff {
-            b.validate()
-                .map_err(|e| ClientError::Invalid(format!("backoff: {e}")))?;
-        }
         // The message the job will travel in (now, or when the scheduler publishes it) must
         // fit the server: say so now rather than store a job that can never be published.
         let envelope = Envelope {
@@ -234,10 +209,10 @@ impl Client {
             payload: new.payload.clone(),
             priority: Some(priority),
             max_attempts: Some(max_attempts),
-            timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
-            idempotency_key: opts.idempotency_key.clone(),
+            timeout_ms: checked.timeout_ms.map(|t| t as u64),
+            idempotency_key: new.idempotency_key.clone(),
             run_at_ms: None,
-            backoff: opts.backoff,
+            backoff: new.backoff,
         };
         self.broker
             .job_message(&envelope, i32::MAX)

@@ -100,24 +100,23 @@ impl Schedule {
                 ))
             })
             .ok();
-        if let Err(e) = crate::job::validate_queue_name(&c.queue) {
-            errs.push(format!("cron.{name}.queue: {e}"));
-        }
-        if !c.payload.is_object() {
-            errs.push(format!(
-                "cron.{name}.payload must be a table, e.g. payload = {{ report = \"daily\" }}"
-            ));
-        }
-        if !(0..=9).contains(&c.priority) {
-            errs.push(format!(
-                "cron.{name}.priority ({}) must be from 0 (first) to 9 (last)",
-                c.priority
-            ));
-        }
-        if crate::job::validate_id(&fire_id(name, Utc::now())).is_err() {
-            errs.push(format!(
-                "cron.{name}: the name is too long (keep it under 100 characters)"
-            ));
+        // Every fire is a job: the job contract judges it as it judges every other door's.
+        let mut spec = serde_json::Map::new();
+        spec.insert("queue".into(), c.queue.clone().into());
+        spec.insert("payload".into(), c.payload.clone());
+        spec.insert("priority".into(), c.priority.into());
+        spec.insert("id".into(), fire_id(name, Utc::now()).into());
+        if let Err(e) = crate::contract::check_spec(&spec, crate::contract::Door::Enqueue, None) {
+            errs.push(match e.field() {
+                "id" => format!(
+                    "cron.{name}: the name makes job ids the contract refuses ({e}); keep it \
+                     under 100 characters, without spaces, / ? or #"
+                ),
+                "payload" => format!(
+                    "cron.{name}.payload: {e}; it must be a table, e.g. payload = {{ report = \"daily\" }}"
+                ),
+                field => format!("cron.{name}.{field}: {e}"),
+            });
         }
         match (cron, tz) {
             (Some(cron), Some(tz)) if errs.is_empty() => Ok(Schedule {
@@ -137,12 +136,25 @@ impl Schedule {
         upto: DateTime<Utc>,
         limit: usize,
     ) -> Vec<DateTime<Utc>> {
+        self.fires_from(after, false, upto, limit)
+    }
+
+    /// The fires from `from` (itself too when `inclusive`) up to and including `upto`.
+    fn fires_from(
+        &self,
+        from: DateTime<Utc>,
+        inclusive: bool,
+        upto: DateTime<Utc>,
+        limit: usize,
+    ) -> Vec<DateTime<Utc>> {
         let mut out = Vec::new();
-        let mut from = after.with_timezone(&self.tz);
+        let mut from = from.with_timezone(&self.tz);
+        let mut inclusive = inclusive;
         while out.len() < limit {
-            let Ok(next) = self.cron.find_next_occurrence(&from, false) else {
+            let Ok(next) = self.cron.find_next_occurrence(&from, inclusive) else {
                 break;
             };
+            inclusive = false;
             let at = next.with_timezone(&Utc);
             if at > upto {
                 break;
@@ -173,18 +185,51 @@ pub fn fire_id(name: &str, at: DateTime<Utc>) -> String {
     format!("cron:{name}:{}", at.format("%Y-%m-%dT%H:%M:%SZ"))
 }
 
-/// Which of `fires` (oldest first, all at or before `now`) to enqueue: those on time, and
-/// for the missed ones (older than [`MISSED_AFTER`]) what the policy says.
-pub fn plan(fires: &[DateTime<Utc>], now: DateTime<Utc>, missed: Missed) -> Vec<DateTime<Utc>> {
-    let grace = chrono::Duration::from_std(MISSED_AFTER).expect("a small duration");
-    let (late, on_time): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) =
-        fires.iter().partition(|f| now - **f > grace);
-    let mut out = Vec::new();
-    if missed == Missed::RunOnce {
-        out.extend(late.last().copied());
+/// What one tick of a schedule enqueues: the fires due since `last`, by the missed-fire
+/// policy, and the newest fire it looked at (the schedule's new `last_fire_at`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Due {
+    pub fires: Vec<DateTime<Utc>>,
+    pub newest: Option<DateTime<Utc>>,
+}
+
+impl Schedule {
+    /// The fires to enqueue after `last` up to `now`. Fires older than [`MISSED_AFTER`] are
+    /// missed: never enumerated (a schedule of every second after a day of downtime has
+    /// 86,400 of them), only the latest is found, and run once or skipped by the policy.
+    /// Fires on time (at most `limit`) are all enqueued.
+    pub fn due(&self, last: DateTime<Utc>, now: DateTime<Utc>, limit: usize) -> Due {
+        let grace = chrono::Duration::from_std(MISSED_AFTER).expect("a small duration");
+        let cutoff = now - grace;
+        let mut fires = Vec::new();
+        let mut newest = None;
+        if last < cutoff {
+            // The latest fire strictly before the cutoff, if it is after `last`.
+            let missed = self
+                .cron
+                .find_previous_occurrence(&cutoff.with_timezone(&self.tz), false)
+                .ok()
+                .map(|t| t.with_timezone(&Utc))
+                .filter(|t| *t > last);
+            if let Some(m) = missed {
+                newest = Some(m);
+                if self.config.missed == Missed::RunOnce {
+                    fires.push(m);
+                }
+            }
+        }
+        // On time: from the cutoff on (inclusive), or from `last` on (exclusive).
+        let on_time = if last < cutoff {
+            self.fires_from(cutoff, true, now, limit)
+        } else {
+            self.fires_between(last, now, limit)
+        };
+        if let Some(n) = on_time.last() {
+            newest = Some(*n);
+        }
+        fires.extend(on_time);
+        Due { fires, newest }
     }
-    out.extend(on_time);
-    out
 }
 
 #[cfg(test)]
@@ -233,22 +278,69 @@ mod tests {
         );
         let mut c = cfg("* * * * *", "UTC");
         c.priority = 12;
+        let all = Schedule::new("y", &c).unwrap_err().join("\n");
+        assert!(
+            all.contains("cron.y.priority: field `priority` is invalid: 12 is not a whole number from 0 to 9"),
+            "{all}"
+        );
+        c.priority = 5;
         c.queue = "bad queue".into();
         let all = Schedule::new("y", &c).unwrap_err().join("\n");
-        assert!(all.contains("cron.y.priority (12)"), "{all}");
-        assert!(all.contains("cron.y.queue"), "{all}");
+        assert!(all.contains("cron.y.queue: field `queue`"), "{all}");
+        let all = Schedule::new("with space", &cfg("* * * * *", "UTC"))
+            .unwrap_err()
+            .join("\n");
+        assert!(
+            all.contains("cron.with space: the name makes job ids"),
+            "{all}"
+        );
     }
 
     #[test]
     fn missed_fires_are_skipped_or_run_once() {
         let now = Utc.with_ymd_and_hms(2026, 1, 10, 12, 0, 0).unwrap();
-        let fires: Vec<_> = [600, 300, 120, 10, 0]
+        let mut c = cfg("*/10 * * * * *", "UTC");
+        let skip = Schedule::new("s", &c).unwrap();
+        c.missed = Missed::RunOnce;
+        let once = Schedule::new("o", &c).unwrap();
+        let last = now - chrono::Duration::seconds(600);
+        let on_time: Vec<_> = [30, 20, 10, 0]
             .iter()
             .map(|s| now - chrono::Duration::seconds(*s))
             .collect();
-        assert_eq!(plan(&fires, now, Missed::Skip), fires[3..].to_vec());
-        let once = plan(&fires, now, Missed::RunOnce);
-        assert_eq!(once, vec![fires[2], fires[3], fires[4]]);
+        let d = skip.due(last, now, 1000);
+        assert_eq!(d.fires, on_time);
+        assert_eq!(d.newest, Some(now));
+        let d = once.due(last, now, 1000);
+        let mut want = vec![now - chrono::Duration::seconds(40)];
+        want.extend(on_time.clone());
+        assert_eq!(d.fires, want);
+        // Nothing missed: all on time, none twice.
+        let d = once.due(now - chrono::Duration::seconds(15), now, 1000);
+        assert_eq!(d.fires, on_time[2..].to_vec());
+    }
+
+    #[test]
+    fn a_long_downtime_runs_a_run_once_schedule_once_not_once_per_thousand_fires() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 10, 12, 0, 0).unwrap();
+        let mut c = cfg("* * * * * *", "UTC");
+        c.missed = Missed::RunOnce;
+        let every_second = Schedule::new("tick", &c).unwrap();
+        // Two days down: 172,800 fires missed.
+        let last = now - chrono::Duration::days(2);
+        let d = every_second.due(last, now, 1000);
+        let grace = chrono::Duration::from_std(MISSED_AFTER).unwrap();
+        let missed: Vec<_> = d.fires.iter().filter(|f| now - **f > grace).collect();
+        assert_eq!(missed.len(), 1, "{:?}", &d.fires[..3]);
+        assert_eq!(
+            d.fires.len(),
+            1 + 31,
+            "one missed run and the last 31 s on time"
+        );
+        assert_eq!(d.newest, Some(now));
+        // The next tick, a second later, finds only the new fire.
+        let next = every_second.due(now, now + chrono::Duration::seconds(1), 1000);
+        assert_eq!(next.fires, vec![now + chrono::Duration::seconds(1)]);
     }
 
     #[test]

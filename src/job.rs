@@ -14,11 +14,11 @@ use std::fmt;
 use std::time::Duration;
 
 /// Longest job id we accept (ids appear in URLs, logs and message ids).
-pub const MAX_ID_LEN: usize = 200;
+pub const MAX_ID_LEN: usize = crate::contract::MAX_ID_BYTES;
 /// Longest idempotency key.
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = crate::contract::MAX_KEY_BYTES;
 /// Default priority when a message names none (0 runs first, 9 last).
-pub const DEFAULT_PRIORITY: i16 = 5;
+pub const DEFAULT_PRIORITY: i16 = crate::contract::DEFAULT_PRIORITY;
 
 /// The states of a job. The names are the seed design's, so SQL written against them works.
 ///
@@ -107,6 +107,8 @@ pub struct NewJob {
     pub queue: String,
     pub payload: Value,
     pub priority: i16,
+    /// The message's envelope named the priority (else it is the subject's).
+    pub priority_named: bool,
     pub max_attempts: Option<i32>,
     pub timeout: Option<Duration>,
     pub idempotency_key: Option<String>,
@@ -126,6 +128,7 @@ impl NewJob {
             queue,
             payload,
             priority: DEFAULT_PRIORITY,
+            priority_named: false,
             max_attempts: None,
             timeout: None,
             idempotency_key: None,
@@ -181,14 +184,9 @@ pub enum InvalidMessage {
     NotJson(String),
     #[error("message body is JSON {0}, not an object; publish a JSON object, e.g. {{\"payload\": {{…}}}}")]
     NotObject(&'static str),
-    #[error("field `{field}` must be {expected}, found {found}")]
-    WrongType {
-        field: &'static str,
-        expected: &'static str,
-        found: String,
-    },
-    #[error("field `{field}` is invalid: {reason}")]
-    BadValue { field: &'static str, reason: String },
+    /// A field the contract refuses (`crate::contract`): the same words at every door.
+    #[error(transparent)]
+    Refused(#[from] crate::contract::Refused),
     #[error("message body is {size} bytes, over the limit of {limit} bytes (worker.max_payload_bytes); store large data elsewhere and pass a reference")]
     TooLarge { size: usize, limit: usize },
     #[error("queue `{0}` is not configured on this worker; add a [queues.{0}] section to the configuration")]
@@ -196,105 +194,19 @@ pub enum InvalidMessage {
 }
 
 /// The envelope fields; an object with `payload` and only these keys is an envelope.
-const ENVELOPE_KEYS: [&str; 10] = [
-    "backoff",
-    "then",
-    "depends_on",
-    "id",
-    "payload",
-    "priority",
-    "max_attempts",
-    "timeout_ms",
-    "idempotency_key",
-    "run_at_ms",
-];
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
+fn is_envelope(obj: &Map<String, Value>) -> bool {
+    let fields = crate::contract::Door::Message.fields();
+    obj.contains_key("payload") && obj.keys().all(|k| fields.contains(&k.as_str()))
 }
 
-/// Validates a job id: non-empty, at most [`MAX_ID_LEN`] bytes, printable, no whitespace or
-/// slashes (ids go into URLs and NATS message ids).
+/// Validates a job id (see [`crate::contract::check_id`]).
 pub fn validate_id(id: &str) -> Result<(), String> {
-    if id.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if id.len() > MAX_ID_LEN {
-        return Err(format!(
-            "is {} bytes long, the limit is {MAX_ID_LEN}",
-            id.len()
-        ));
-    }
-    if let Some(c) = id
-        .chars()
-        .find(|c| c.is_whitespace() || c.is_control() || *c == '/' || *c == '?' || *c == '#')
-    {
-        return Err(format!(
-            "contains {c:?}; use letters, digits and punctuation other than / ? #"
-        ));
-    }
-    Ok(())
+    crate::contract::check_id(id)
 }
 
-/// Validates a queue name: it becomes one NATS subject token and a consumer name.
+/// Validates a queue name (see [`crate::contract::check_queue`]).
 pub fn validate_queue_name(q: &str) -> Result<(), String> {
-    if q.is_empty() || q.len() > 64 {
-        return Err(format!("queue name {q:?} must be 1 to 64 characters"));
-    }
-    if !q
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(format!(
-            "queue name {q:?} may contain only ASCII letters, digits, '_' and '-'"
-        ));
-    }
-    Ok(())
-}
-
-fn opt_i64(
-    obj: &Map<String, Value>,
-    field: &'static str,
-    min: i64,
-    max: i64,
-) -> Result<Option<i64>, InvalidMessage> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
-            _ => Err(InvalidMessage::BadValue {
-                field,
-                reason: format!("{n} is not a whole number from {min} to {max}"),
-            }),
-        },
-        Some(other) => Err(InvalidMessage::WrongType {
-            field,
-            expected: "a whole number",
-            found: json_kind(other).into(),
-        }),
-    }
-}
-
-fn opt_str<'a>(
-    obj: &'a Map<String, Value>,
-    field: &'static str,
-) -> Result<Option<&'a str>, InvalidMessage> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(InvalidMessage::WrongType {
-            field,
-            expected: "a string",
-            found: json_kind(other).into(),
-        }),
-    }
+    crate::contract::check_queue(q)
 }
 
 /// Where a message came from, for deriving an id when the body carries none.
@@ -340,7 +252,7 @@ pub fn derived_id(origin: &MessageOrigin<'_>) -> String {
 }
 
 /// The longest timeout a job may ask for in its message (`timeout_ms`).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_TIMEOUT: Duration = Duration::from_millis(crate::contract::MAX_TIMEOUT_MS as u64);
 
 /// Decodes and validates a message body. `max_bytes` is the configured payload limit.
 pub fn decode(
@@ -357,11 +269,11 @@ pub fn decode(
     let value: Value =
         serde_json::from_slice(body).map_err(|e| InvalidMessage::NotJson(e.to_string()))?;
     let Value::Object(obj) = value else {
-        return Err(InvalidMessage::NotObject(json_kind(&value)));
+        return Err(InvalidMessage::NotObject(crate::contract::json_kind(
+            &value,
+        )));
     };
-    let is_envelope =
-        obj.contains_key("payload") && obj.keys().all(|k| ENVELOPE_KEYS.contains(&k.as_str()));
-    if !is_envelope {
+    if !is_envelope(&obj) {
         let job = NewJob::plain(
             derived_id(origin),
             origin.queue.to_string(),
@@ -370,110 +282,27 @@ pub fn decode(
         check_storable(&job.payload)?;
         return Ok(job);
     }
-    let id = match opt_str(&obj, "id")? {
-        Some(id) => {
-            validate_id(id).map_err(|reason| InvalidMessage::BadValue {
-                field: "id",
-                reason,
-            })?;
-            id.to_string()
-        }
-        None => derived_id(origin),
-    };
-    let priority = opt_i64(&obj, "priority", 0, 9)?.unwrap_or(DEFAULT_PRIORITY as i64) as i16;
-    let max_attempts = opt_i64(&obj, "max_attempts", 1, 1000)?.map(|v| v as i32);
-    let timeout = opt_i64(&obj, "timeout_ms", 1, MAX_TIMEOUT.as_millis() as i64)?
-        .map(|v| Duration::from_millis(v as u64));
-    // Up to the end of year 9999, the last instant PostgreSQL's timestamptz can store.
-    let run_at_ms = opt_i64(&obj, "run_at_ms", 0, 253_402_300_799_999)?;
-    let idempotency_key = match opt_str(&obj, "idempotency_key")? {
-        Some(k)
-            if k.is_empty()
-                || k.len() > MAX_IDEMPOTENCY_KEY_LEN
-                || k.chars().any(char::is_control) =>
-        {
-            return Err(InvalidMessage::BadValue {
-                field: "idempotency_key",
-                reason: format!(
-                    "must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes without control characters"
-                ),
-            })
-        }
-        k => k.map(str::to_string),
-    };
-    let backoff = match obj.get("backoff") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            serde_json::from_value::<crate::backoff::Backoff>(v.clone())
-                .map_err(|e| InvalidMessage::BadValue {
-                    field: "backoff",
-                    reason: format!(
-                        "{e}; expected e.g. {{\"kind\":\"exponential\",\"base\":\"1s\",\"max\":\"10m\"}}"
-                    ),
-                })
-                .and_then(|b| {
-                    b.validate().map_err(|reason| InvalidMessage::BadValue {
-                        field: "backoff",
-                        reason,
-                    })?;
-                    Ok(b)
-                })?,
-        ),
-    };
-    if obj.contains_key("depends_on") {
-        return Err(InvalidMessage::BadValue {
-            field: "depends_on",
-            reason: "a job that waits for others must be stored before anything runs it: \
-                     enqueue it through PostgreSQL (SQL enqueue(..., depends_on => ...), the \
-                     Rust client, or `jobwarden enqueue --depends-on`), not by publishing"
-                .into(),
-        });
-    }
-    let then = match obj.get("then") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let specs: Vec<crate::client::Then> =
-                serde_json::from_value(v.clone()).map_err(|e| InvalidMessage::BadValue {
-                    field: "then",
-                    reason: format!(
-                        "{e}; expected an array of jobs, e.g. [{{\"queue\":\"email\",\"payload\":{{}}}}]"
-                    ),
-                })?;
-            crate::client::check_then(&specs).map_err(|reason| InvalidMessage::BadValue {
-                field: "then",
-                reason,
-            })?;
-            Some(v.clone())
-        }
-    };
-    let payload = obj.get("payload").cloned().unwrap_or(Value::Null);
-    check_storable(&payload)?;
+    // The whole body was measured above: the payload is not measured again.
+    let spec = crate::contract::check_spec(&obj, crate::contract::Door::Message, None)?;
     Ok(NewJob {
-        id,
+        id: spec.id.unwrap_or_else(|| derived_id(origin)),
         queue: origin.queue.to_string(),
-        payload,
-        priority,
-        max_attempts,
-        timeout,
-        idempotency_key,
-        run_at_ms,
-        backoff,
-        then,
+        payload: spec.payload,
+        priority: spec.priority.unwrap_or(DEFAULT_PRIORITY),
+        priority_named: spec.priority.is_some(),
+        max_attempts: spec.max_attempts,
+        timeout: spec.timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+        idempotency_key: spec.idempotency_key,
+        run_at_ms: spec.run_at_ms,
+        backoff: spec.backoff,
+        then: spec.then,
     })
 }
 
 /// PostgreSQL's jsonb cannot hold the NUL character (`\u0000`) in any string; such a payload
 /// would fail at insert time, so we reject it here with a clear reason instead.
 pub fn check_storable(payload: &Value) -> Result<(), InvalidMessage> {
-    if crate::jsonb::has_nul(payload) {
-        return Err(InvalidMessage::BadValue {
-            field: "payload",
-            reason: "contains the NUL character \\u0000, which PostgreSQL jsonb cannot store; \
-                     encode binary data as base64"
-                .into(),
-        });
-    }
-    Ok(())
+    Ok(crate::contract::check_payload(payload, "payload", None)?)
 }
 
 #[cfg(test)]
@@ -512,10 +341,7 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(
-            err.contains("field `then`") && err.contains("then[1]"),
-            "{err}"
-        );
+        assert!(err.contains("field `then[1].queue`"), "{err}");
         let err = decode(
             br#"{"payload":{},"then":[{"queue":"pdf"}]}"#,
             &origin(),
@@ -598,7 +424,7 @@ mod tests {
             1024,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("`backoff` is invalid"), "{e}");
+        assert!(e.to_string().contains("`backoff.kind` is invalid"), "{e}");
         let e = decode(
             br#"{"payload":{},"backoff":{"kind":"fixed","base":"1s","jitter":3}}"#,
             &origin(),
@@ -658,7 +484,10 @@ mod tests {
             1024,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("control characters"), "{e}");
+        assert!(
+            e.to_string().contains("control or invisible characters"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod broker;
 pub mod client;
 pub mod config;
+pub mod contract;
 pub mod cron;
 pub mod handler;
 pub mod job;

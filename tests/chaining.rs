@@ -374,7 +374,7 @@ async fn sql_enqueue_and_the_cli_chain_jobs_too() {
         .await
         .unwrap_err();
     let msg = err.as_db_error().unwrap().message().to_string();
-    assert!(msg.contains("then_jobs[1] needs a \"payload\""), "{msg}");
+    assert_eq!(msg, "jobwarden: field `then[1].payload` is required");
 
     // The CLI: --then and --depends-on.
     let out = env.cli(&[
@@ -414,6 +414,13 @@ async fn sql_enqueue_and_the_cli_chain_jobs_too() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(env.wait_status("cli-2", "completed", 20).await);
     let out = env.cli(&["enqueue", "pdf", "{}", "--then", "[{\"queue\": 3}]"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("field `then[1].queue` must be a string, found a number"),
+        "{}",
+        text(&out)
+    );
+    let out = env.cli(&["enqueue", "pdf", "{}", "--then", "not json"]);
     assert!(!out.status.success());
     assert!(
         text(&out).contains("give a JSON array of jobs"),

@@ -266,7 +266,9 @@ async fn enqueue_then_show_and_list() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
-        text(&out).contains("timeout 8days must be from 1ms to 7days"),
+        text(&out).contains(
+            "--timeout: field `timeout_ms` is invalid: 691200000 is not a whole number from 1 to 604800000"
+        ),
         "{}",
         text(&out)
     );

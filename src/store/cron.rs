@@ -4,7 +4,8 @@ use super::{Result, Store};
 use crate::cron::{self, Schedule};
 use chrono::{DateTime, TimeZone, Utc};
 
-/// Most fires looked at in one tick (a long outage is worked through over several).
+/// Most fires on time enqueued in one tick (missed fires are never enumerated: the policy
+/// runs the latest once or skips it).
 const FIRES_PER_TICK: usize = 1000;
 
 fn at_ms(ms: i64) -> DateTime<Utc> {
@@ -36,15 +37,15 @@ impl Store {
             return Ok(Vec::new()); // another worker holds it this moment
         };
         let (last, now) = (at_ms(row.get(0)), at_ms(row.get(1)));
-        let fires = s.fires_between(last, now, FIRES_PER_TICK);
-        let Some(newest) = fires.last().copied() else {
+        let due = s.due(last, now, FIRES_PER_TICK);
+        let Some(newest) = due.newest else {
             // Nothing due; the first sight's row must stay.
             tx.commit().await?;
             return Ok(Vec::new());
         };
         let mut ids = Vec::new();
         let c = &s.config;
-        for at in cron::plan(&fires, now, c.missed) {
+        for at in due.fires {
             let id = cron::fire_id(&s.name, at);
             let got: String = tx
                 .query_one(

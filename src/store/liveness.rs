@@ -32,6 +32,9 @@ pub struct Registration<'a> {
     /// judges it by these, not by its own settings.
     pub heartbeat_every: Duration,
     pub dead_after: Duration,
+    /// The largest payload it decodes (`worker.max_payload_bytes`): SQL `enqueue()` refuses
+    /// larger ones while it is alive.
+    pub max_payload_bytes: usize,
 }
 
 fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
@@ -65,6 +68,7 @@ impl Store {
                 &w.pid_ns,
                 &ms(w.heartbeat_every),
                 &ms(w.dead_after),
+                &(w.max_payload_bytes.min(i32::MAX as usize) as i32),
             ],
         )
         .await?;

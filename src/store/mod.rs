@@ -35,6 +35,26 @@ mod embedded {
     refinery::embed_migrations!("./migrations");
 }
 
+/// The schema's migrations, in order. Most are the files of `migrations/` as they are; a
+/// template (`V14__one_contract.sql`, whose `{{NAME}}` placeholders are the job contract's
+/// limits) is rendered from `crate::contract` first, so the SQL checks and the Rust checks
+/// read one source of truth. (A rendered template is fixed once applied: refinery refuses a
+/// database whose applied migration differs, so a changed limit takes a new migration.)
+fn migrations() -> Vec<refinery::Migration> {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| match m.sql() {
+            Some(sql) if sql.contains("{{") => {
+                let name = format!("V{}__{}", m.version(), m.name());
+                refinery::Migration::unapplied(&name, &crate::contract::render_sql(sql))
+                    .expect("a rendered migration keeps its name")
+            }
+            _ => m.clone(),
+        })
+        .collect()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("PostgreSQL at {target} is unreachable: {cause}; check database.url and that the server is running")]
@@ -135,17 +155,18 @@ impl StoreError {
         e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
     }
 
-    /// PostgreSQL's reason when it rejected the data of a statement (a value out of range,
-    /// an invalid byte sequence) rather than failing to run it; `None` for connection and
-    /// server failures, which are worth retrying.
+    /// PostgreSQL's reason when it refused the data of a statement rather than failing to
+    /// run it: a data exception (class 22: a value out of range, an invalid byte sequence),
+    /// an integrity constraint (class 23), a program limit (class 54: a value too large) or
+    /// an exception a trigger raised (P0001). `None` for connection and server failures and
+    /// for errors no data causes (a missing column): those are worth retrying, not blaming
+    /// on one job.
     pub fn rejected_data(&self) -> Option<String> {
         let StoreError::Db(e) = self else { return None };
         let db = e.as_db_error()?;
-        // Class 22: data exception (22008 out of range, 22021 invalid byte sequence, 22P02…).
-        db.code()
-            .code()
-            .starts_with("22")
-            .then(|| db.message().to_string())
+        let code = db.code().code();
+        (matches!(&code[..2], "22" | "23" | "54") || code == "P0001")
+            .then(|| format!("{} (SQLSTATE {code})", db.message()))
     }
 }
 
@@ -511,7 +532,7 @@ impl Store {
                 .await?;
             // An older build starting during a rolling deploy finds migrations it does not
             // know (applied by a newer one): they only add, so it runs on, not aborts.
-            let report = embedded::migrations::runner()
+            let report = refinery::Runner::new(&migrations())
                 .set_abort_missing(false)
                 .set_migration_table_name("jobwarden_migrations")
                 .run_async(&mut **client)
@@ -528,12 +549,7 @@ impl Store {
 
     /// The schema version this build needs (its highest migration).
     pub fn required_version() -> i32 {
-        embedded::migrations::runner()
-            .get_migrations()
-            .iter()
-            .map(|m| m.version())
-            .max()
-            .unwrap_or(0)
+        migrations().iter().map(|m| m.version()).max().unwrap_or(0)
     }
 
     /// The schema version applied (highest migration), or 0.

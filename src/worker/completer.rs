@@ -21,6 +21,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+/// Refusals of one attempt's data before the completer stops trying to settle it (see
+/// `Completer::settle_alone`).
+pub(crate) const FALLBACKS: usize = 3;
+
 /// Most attempts settled in one statement.
 const MAX_GROUP: usize = 1024;
 /// A settle statement starts at most this long after the last one started (a completer that
@@ -70,6 +74,16 @@ impl Finished {
     }
 }
 
+/// What became of one attempt's settle.
+enum Fate {
+    /// Written as this (possibly a fallback of what was decided, see `settle_alone`).
+    Settled(SettleInput),
+    /// The row's lease moved on: another owner has the job.
+    Lost,
+    /// PostgreSQL refused every form of it: not settled, not acked.
+    Unsettled,
+}
+
 pub(crate) struct Completer {
     shared: Arc<Shared>,
     outage: std::sync::Mutex<Outage>,
@@ -104,7 +118,8 @@ impl Completer {
         }
     }
 
-    /// Settles one group; returns how many were settled (the rest lost ownership).
+    /// Settles one group; returns how many were settled (the rest lost ownership, or could
+    /// not be settled at all).
     pub async fn run_once(&self, group: Vec<Finished>) -> usize {
         let inputs: Vec<SettleInput> = group.iter().map(|f| self.decide(f)).collect();
         let mut retried = false;
@@ -139,18 +154,17 @@ impl Completer {
                     self.outage.lock().expect("outage lock").ok();
                     break settled;
                 }
-                Err(e) if e.rejected_data().is_some() && inputs.len() > 1 => {
+                Err(e) if e.rejected_data().is_some() => {
                     // One attempt's data was refused: settle them one by one, so the rest of
                     // the group (and every later group) is not held up by it.
-                    warn!(cause = %e, "a settle group was refused; settling one by one");
-                    let mut settled = Vec::with_capacity(inputs.len());
-                    for one in &inputs {
-                        settled.push(self.settle_alone(one.clone()).await);
+                    if inputs.len() > 1 {
+                        warn!(cause = %e, jobs = inputs.len(), "a settle group was refused; settling one by one");
                     }
-                    break settled;
-                }
-                Err(e) if e.rejected_data().is_some() => {
-                    break vec![self.settle_alone(inputs[0].clone()).await];
+                    let mut fates = Vec::with_capacity(inputs.len());
+                    for one in &inputs {
+                        fates.push(self.settle_alone(one.clone()).await);
+                    }
+                    return self.record(&group, fates);
                 }
                 Err(e) => {
                     // Nothing is acked until the write commits; keep trying. The messages stay
@@ -161,19 +175,40 @@ impl Completer {
                 }
             }
         };
+        let fates = inputs
+            .into_iter()
+            .zip(settled)
+            .map(|(input, s)| if s { Fate::Settled(input) } else { Fate::Lost })
+            .collect();
+        self.record(&group, fates)
+    }
+
+    /// Counts, logs and acks what became of each attempt of a group; returns how many were
+    /// settled.
+    fn record(&self, group: &[Finished], fates: Vec<Fate>) -> usize {
         let shared = &self.shared;
         let stats = &shared.stats;
-        for ((f, input), &settled) in group.iter().zip(&inputs).zip(&settled) {
+        let mut done = 0;
+        for (f, fate) in group.iter().zip(fates) {
             shared.ledger.settled(&f.id, f.lease);
             let queue = &f.policy.name;
-            if !settled {
-                Stats::add(&stats.lost_ownership, 1);
-                // It ran to its end while another owner had it.
-                Stats::add(&stats.overlapping, 1);
-                warn!(job.id = %f.id, job.lease = f.lease, worker.id = %shared.worker_id,
-                      "completion rejected: job was taken from this worker (lost ownership); not acking");
-                continue;
-            }
+            let input = match fate {
+                Fate::Settled(input) => input,
+                Fate::Lost => {
+                    Stats::add(&stats.lost_ownership, 1);
+                    // It ran to its end while another owner had it.
+                    Stats::add(&stats.overlapping, 1);
+                    warn!(job.id = %f.id, job.lease = f.lease, worker.id = %shared.worker_id,
+                          "completion rejected: job was taken from this worker (lost ownership); not acking");
+                    continue;
+                }
+                // Said by settle_alone; the stale sweep takes it back.
+                Fate::Unsettled => {
+                    Stats::add(&stats.unsettled, 1);
+                    continue;
+                }
+            };
+            done += 1;
             let m = &f.policy.metrics;
             if input.refund {
                 // Released at shutdown: nak so another worker starts it at once.
@@ -205,37 +240,63 @@ impl Completer {
             // terminal or scheduled.
             shared.outbound.ack(&f.acker, AckKind::Ack);
         }
-        settled.iter().filter(|s| **s).count()
+        done
     }
 
-    /// Settles one attempt; if PostgreSQL refuses its result or error, settles it without
-    /// them and says why. Returns whether it was settled.
-    async fn settle_alone(&self, one: SettleInput) -> bool {
+    /// Settles one attempt whose group PostgreSQL refused. Each refusal of its data takes
+    /// one step down, so it ends within [`FALLBACKS`] refusals: as decided; then without its
+    /// result and error (the reason instead); then dead, with the reason and nothing else of
+    /// its own. If even that is refused, it is left unsettled and unacked (the stale sweep
+    /// takes it back, and its attempts run out), said once. An outage meanwhile is waited
+    /// out with backoff, logged once. Returns whether it was settled.
+    async fn settle_alone(&self, one: SettleInput) -> Fate {
         let store = &self.shared.store;
         let me = &self.shared.worker_id;
-        let mut delay = Duration::from_millis(100);
         let mut input = one;
+        let mut step = 0;
+        let mut outage = Outage::new("settle (one attempt)");
         loop {
-            match store.job_settle(me, std::slice::from_ref(&input)).await {
-                Ok(settled) => return settled.first().copied().unwrap_or(false),
+            let reason = match store.job_settle(me, std::slice::from_ref(&input)).await {
+                Ok(settled) if settled.first().copied().unwrap_or(false) => {
+                    return Fate::Settled(input)
+                }
+                Ok(_) => return Fate::Lost,
                 Err(e) => match e.rejected_data() {
-                    Some(reason) if input.result.is_some() || input.error.is_some() => {
-                        warn!(job.id = %input.id, %reason, "attempt result not storable; settling without it");
-                        input.result = None;
-                        input.error = Some(format!(
-                            "PostgreSQL could not store this attempt's result or error: {reason}"
-                        ));
-                    }
-                    Some(reason) => {
-                        error!(job.id = %input.id, %reason, "attempt cannot be settled; the stale sweep will take the job back");
-                        return false;
-                    }
+                    Some(reason) => reason,
                     None => {
-                        warn!(cause = %e, "settling failed; retrying in {delay:?}");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(outage.failed(&e)).await;
+                        continue;
                     }
                 },
+            };
+            step += 1;
+            match step {
+                n if n >= FALLBACKS => {
+                    error!(job.id = %input.id, %reason, "attempt cannot be settled at all; left for the stale sweep (not acked)");
+                    return Fate::Unsettled;
+                }
+                1 => {
+                    warn!(job.id = %input.id, %reason, "attempt's result or error not storable; settling without them");
+                    input.result = None;
+                    input.error = Some(format!(
+                        "PostgreSQL could not store this attempt's result or error: {reason}"
+                    ));
+                }
+                _ => {
+                    warn!(job.id = %input.id, %reason, "attempt cannot be settled as decided; dead-lettering the job with the reason");
+                    input = SettleInput {
+                        status: JobStatus::Dead,
+                        delay: Duration::ZERO,
+                        result: None,
+                        error: Some(format!(
+                            "PostgreSQL refused to settle this attempt ({reason}); dead-lettered \
+                             so it holds up nothing: `jobwarden dlq retry` runs it again"
+                        )),
+                        outcome: "dead",
+                        refund: false,
+                        ..input
+                    };
+                }
             }
         }
     }

@@ -135,6 +135,8 @@ pub struct Stats {
     pub pulls: AtomicU64,
     /// Groups of finished attempts the completer settled (a statement and a commit each).
     pub settle_groups: AtomicU64,
+    /// Attempts PostgreSQL refused to settle in every form (left for the stale sweep).
+    pub unsettled: AtomicU64,
 }
 
 impl Stats {
@@ -273,6 +275,7 @@ impl Shared {
                 pid_ns: pid_ns.as_deref(),
                 heartbeat_every: self.pacing.heartbeat_every,
                 dead_after: self.pacing.dead_after,
+                max_payload_bytes: self.config.worker.max_payload_bytes,
             })
             .await
     }

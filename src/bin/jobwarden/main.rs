@@ -63,10 +63,10 @@ enum Command {
         timeout: Option<Duration>,
         /// Enqueueing twice with the same key returns the first job (the same key with
         /// another payload is an error).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         idempotency_key: Option<String>,
-        /// Job id (default: a new UUIDv7).
-        #[arg(long)]
+        /// Job id (default: a new UUIDv7). May begin with '-'.
+        #[arg(long, allow_hyphen_values = true)]
         id: Option<String>,
         /// This job's backoff instead of the queue's: KIND:BASE[:MAX], e.g. exponential:1s:10m
         /// (kinds: fixed, linear, exponential).
@@ -74,7 +74,7 @@ enum Command {
         backoff: Option<jobwarden::backoff::Backoff>,
         /// Run only after this job completed (repeat for several: it waits until all did).
         /// A dead parent makes it dead, a cancelled one cancels it.
-        #[arg(long = "depends-on", value_name = "JOB_ID")]
+        #[arg(long = "depends-on", value_name = "JOB_ID", allow_hyphen_values = true)]
         depends_on: Vec<String>,
         /// Jobs to create when this one completes, as JSON: '[{"queue":"pdf","payload":{…},
         /// "then":[…]}]' (fields: queue, payload, id, priority, max_attempts, timeout_ms,
@@ -143,6 +143,7 @@ enum DlqCommand {
     /// Retry a dead job (fresh attempts, same id, history kept), or every dead job of a queue.
     Retry {
         /// The dead job's id.
+        #[arg(allow_hyphen_values = true)]
         id: Option<String>,
         #[arg(long)]
         queue: Option<String>,
@@ -158,11 +159,16 @@ enum DlqCommand {
 }
 
 fn parse_then(text: &str) -> Result<Vec<jobwarden::client::Then>, String> {
-    serde_json::from_str(text).map_err(|e| {
-        format!(
-            "{e}: give a JSON array of jobs, e.g. '[{{\"queue\":\"email\",\"payload\":{{\"to\":\"a@example.com\"}}}}]'"
-        )
-    })
+    let example = "give a JSON array of jobs, e.g. '[{\"queue\":\"email\",\"payload\":{\"to\":\"a@example.com\"}}]'";
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("{e}: {example}"))?;
+    // The job contract names what is wrong, in the words every other door uses.
+    let mut spec = serde_json::Map::new();
+    spec.insert("payload".into(), serde_json::json!({}));
+    spec.insert("then".into(), value);
+    let checked = jobwarden::contract::check_spec(&spec, jobwarden::contract::Door::Message, None)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_value(checked.then.unwrap_or_default()).map_err(|e| format!("{e}: {example}"))
 }
 
 fn parse_backoff(s: &str) -> Result<jobwarden::backoff::Backoff, String> {
@@ -219,6 +225,7 @@ enum JobsCommand {
     /// Cancel a job that has not finished: a queued one never runs, a running one is stopped;
     /// jobs that depend on it are cancelled too.
     Cancel {
+        #[arg(allow_hyphen_values = true)]
         id: String,
         /// Every unfinished job of the job's pipeline.
         #[arg(long)]
@@ -228,14 +235,19 @@ enum JobsCommand {
     /// parents.
     Pipeline {
         /// Any job of the pipeline.
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[arg(long)]
         json: bool,
     },
     /// Retry a dead job (fresh attempts, same id, history kept).
-    Retry { id: String },
+    Retry {
+        #[arg(allow_hyphen_values = true)]
+        id: String,
+    },
     /// Show one job with its attempts.
     Show {
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[arg(long)]
         json: bool,
@@ -388,6 +400,18 @@ async fn real_main(cli: Cli) -> Result<()> {
                 .await
                 .map_err(|e| match e {
                     jobwarden::client::ClientError::Invalid(m) => anyhow!(BadArgs(m)),
+                    // The contract's words, led by the argument that gave the field.
+                    jobwarden::client::ClientError::Refused(r) => {
+                        let top = r.field().split(['.', '[']).next().unwrap_or_default();
+                        let arg = match top {
+                            "queue" => "QUEUE".to_string(),
+                            "payload" => "PAYLOAD".to_string(),
+                            "timeout_ms" => "--timeout".to_string(),
+                            "delay_ms" => "--delay".to_string(),
+                            other => format!("--{}", other.replace('_', "-")),
+                        };
+                        anyhow!(BadArgs(format!("{arg}: {r}")))
+                    }
                     other => anyhow!(other),
                 })?;
             if enq.created {

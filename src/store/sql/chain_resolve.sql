@@ -15,10 +15,8 @@ WITH parents AS (
 ),
 specs AS (
     SELECT p.id AS parent, p.pipeline, e.spec,
-           COALESCE(e.spec ->> 'id',
-                    -- Derived ids stay within the 200 bytes an id may have.
-                    CASE WHEN octet_length(p.id || '.' || e.n) <= 200 THEN p.id || '.' || e.n
-                         ELSE left(p.id, 100) || '.' || md5(p.id) || '.' || e.n END) AS id
+           -- A derived id stays within the bytes an id may have (migration V14).
+           COALESCE(e.spec ->> 'id', chain_child_id(p.id, e.n)) AS id
     FROM parents p, jsonb_array_elements(p.then_jobs) WITH ORDINALITY AS e(spec, n)
     WHERE p.status = 'completed' AND p.then_jobs IS NOT NULL
 ),

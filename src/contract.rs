@@ -1,0 +1,1127 @@
+//! The job contract: what a job is, in one place.
+//!
+//! Every way a job comes in — a NATS message, SQL `enqueue()`, the `then` specs of a chain,
+//! a cron definition, the CLI, the Rust client, a retry from the dashboard — accepts exactly
+//! the jobs this module accepts and refuses the rest with the same named error, before
+//! anything is stored (invariant 13). The rules and their limits are the constants below;
+//! the SQL side is rendered from the very same constants (`migrations/V14__one_contract.sql`
+//! is a template whose `{{NAME}}` placeholders [`render_sql`] fills), and a property test
+//! (`tests/contract.rs`) gives the same random specs to [`check_spec`] and to the SQL
+//! function `job_check()` and requires the same verdict, naming the same field.
+//!
+//! A job is described as a JSON object, a *spec*, with the envelope's field names:
+//!
+//! | field | type | range |
+//! |---|---|---|
+//! | `id` | string | 1 to [`MAX_ID_BYTES`] bytes, none of [`ID_FORBIDDEN`], not `.` or `..` |
+//! | `queue` | string | 1 to [`MAX_QUEUE_BYTES`] ASCII letters, digits, `_`, `-` |
+//! | `payload` | object | no NUL character in any string; at most the payload limit |
+//! | `priority` | whole number | [`MIN_PRIORITY`] (first) to [`MAX_PRIORITY`] |
+//! | `max_attempts` | whole number | 1 to [`MAX_ATTEMPTS`] |
+//! | `timeout_ms` | whole number | 1 to [`MAX_TIMEOUT_MS`] |
+//! | `idempotency_key` | string | 1 to [`MAX_KEY_BYTES`] bytes, none of [`KEY_FORBIDDEN`] |
+//! | `run_at_ms` | whole number | 0 to [`MAX_RUN_AT_MS`] (Unix ms, up to the end of 9999) |
+//! | `delay_ms` | whole number | 0 to [`MAX_DELAY_MS`] |
+//! | `backoff` | object | `kind`, `base`, `max`, `jitter`; durations up to [`MAX_DELAY_MS`] |
+//! | `then` | array of specs | at most [`MAX_THEN_JOBS`] in all, [`MAX_THEN_DEPTH`] deep |
+//! | `depends_on` | array of ids | at most [`MAX_DEPENDS_ON`] |
+//!
+//! Which fields a door takes is its [`Door`]: a message carries no `queue` (its subject
+//! names it) and no `depends_on` (a job that waits must be stored before anything runs it);
+//! a `then` spec needs a `queue` and takes `delay_ms` instead of `run_at_ms`.
+//!
+//! **Every accepted value is computable**: no delay, backoff or time the contract accepts can
+//! overflow a `Duration`, an `Instant`, a PostgreSQL `interval` or `timestamptz` anywhere
+//! downstream (the longest delay, ten years, added to the latest `run_at` stays inside
+//! PostgreSQL's range; see the tests). **Every accepted id round-trips** through a
+//! `Nats-Msg-Id` header (no CR or LF), a URL path segment (percent-encoded; `.` and `..` are
+//! refused because URL parsers collapse them), HTML, a log line and a CLI argument.
+
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// Longest job id, in bytes (ids appear in URLs, logs, headers and message ids).
+pub const MAX_ID_BYTES: usize = 200;
+/// Longest idempotency key, in bytes.
+pub const MAX_KEY_BYTES: usize = 200;
+/// Longest queue name (it becomes one NATS subject token and part of a consumer name).
+pub const MAX_QUEUE_BYTES: usize = 64;
+/// Priorities: 0 runs first, 9 last.
+pub const MIN_PRIORITY: i16 = 0;
+pub const MAX_PRIORITY: i16 = 9;
+/// The priority of a job that names none (and of the bare subject `jobs.<queue>`).
+pub const DEFAULT_PRIORITY: i16 = 5;
+/// Most attempts a job may have.
+pub const MAX_ATTEMPTS: i32 = 1000;
+/// Attempts of a job enqueued through SQL (or a `then` spec) that names none.
+pub const DEFAULT_SQL_MAX_ATTEMPTS: i32 = 5;
+/// Longest per-job timeout: 7 days (a longer one can be set as the queue's timeout).
+pub const MAX_TIMEOUT_MS: i64 = 7 * DAY_MS;
+/// Longest delay anything may ask for: a `delay`, a `then` spec's `delay_ms`, a backoff's
+/// `base` or `max`, a handler's `Retry-After`. Ten years: `now() + MAX_DELAY_MS` fits a
+/// `timestamptz` until the year 9989, and every `Duration` and `Instant` sum with it.
+pub const MAX_DELAY_MS: i64 = 3650 * DAY_MS;
+/// Latest `run_at`: the last millisecond of the year 9999, the last instant PostgreSQL's
+/// `timestamptz` formats with four digits (and `chrono` and JavaScript handle).
+pub const MAX_RUN_AT_MS: i64 = 253_402_300_799_999;
+/// Most jobs one `then` tree may create, counting every level.
+pub const MAX_THEN_JOBS: usize = 100;
+/// Deepest `then` nesting (`then` inside `then` …).
+pub const MAX_THEN_DEPTH: usize = 8;
+/// Most parents one job may wait for.
+pub const MAX_DEPENDS_ON: usize = 100;
+/// Longest duration text in a backoff (`"1h 30m"`), in bytes.
+pub const MAX_DURATION_TEXT: usize = 64;
+/// Most digits after a duration's decimal point (nanoseconds).
+pub const MAX_DURATION_DECIMALS: usize = 9;
+/// Most digits before it.
+pub const MAX_DURATION_DIGITS: usize = 20;
+/// A backoff that names no `max`.
+pub const DEFAULT_BACKOFF_MAX_MS: i64 = 3_600_000;
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Characters no job id may hold, as inclusive ranges: control characters (a CR or LF would
+/// break a header line or a log line), whitespace (ids are single words on a command line),
+/// invisible formatting characters (an id that looks like another in a log or on a page), and
+/// `/`, `?`, `#` (ids are path segments of the local API's URLs).
+pub const ID_FORBIDDEN: &[(char, char)] = &[
+    ('\u{0}', '\u{20}'),      // C0 controls and the space
+    ('#', '#'),               // URL fragment
+    ('/', '/'),               // URL path separator
+    ('?', '?'),               // URL query
+    ('\u{7F}', '\u{A0}'),     // DEL, C1 controls (incl. NEL), no-break space
+    ('\u{AD}', '\u{AD}'),     // soft hyphen
+    ('\u{61C}', '\u{61C}'),   // Arabic letter mark
+    ('\u{1680}', '\u{1680}'), // Ogham space mark
+    ('\u{180E}', '\u{180E}'), // Mongolian vowel separator
+    ('\u{2000}', '\u{200F}'), // spaces, zero-width characters, LRM/RLM
+    ('\u{2028}', '\u{202F}'), // line/paragraph separators, bidi embeddings, narrow nbsp
+    ('\u{205F}', '\u{206F}'), // math space, word joiner, invisible operators, bidi isolates
+    ('\u{3000}', '\u{3000}'), // ideographic space
+    ('\u{FEFF}', '\u{FEFF}'), // byte order mark
+    ('\u{FFF9}', '\u{FFFB}'), // interlinear annotations
+];
+
+/// Characters no idempotency key may hold: the same, except that the space and the
+/// URL characters are allowed (keys travel in headers and logs, never in a URL or as a word).
+pub const KEY_FORBIDDEN: &[(char, char)] = &[
+    ('\u{0}', '\u{1F}'),
+    ('\u{7F}', '\u{9F}'),
+    ('\u{AD}', '\u{AD}'),
+    ('\u{61C}', '\u{61C}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{2028}', '\u{202E}'),
+    ('\u{2060}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+];
+
+/// Units of a backoff duration and their length in nanoseconds (the units `humantime`
+/// reads, so a configuration's durations and a message's read alike).
+pub const DURATION_UNITS: &[(&str, u128)] = &[
+    ("nanos", 1),
+    ("nsec", 1),
+    ("ns", 1),
+    ("usec", 1_000),
+    ("us", 1_000),
+    ("µs", 1_000),
+    ("millis", 1_000_000),
+    ("msec", 1_000_000),
+    ("ms", 1_000_000),
+    ("seconds", NS_S),
+    ("second", NS_S),
+    ("secs", NS_S),
+    ("sec", NS_S),
+    ("s", NS_S),
+    ("minutes", 60 * NS_S),
+    ("minute", 60 * NS_S),
+    ("mins", 60 * NS_S),
+    ("min", 60 * NS_S),
+    ("m", 60 * NS_S),
+    ("hours", 3600 * NS_S),
+    ("hour", 3600 * NS_S),
+    ("hrs", 3600 * NS_S),
+    ("hr", 3600 * NS_S),
+    ("h", 3600 * NS_S),
+    ("days", 86_400 * NS_S),
+    ("day", 86_400 * NS_S),
+    ("d", 86_400 * NS_S),
+    ("weeks", 604_800 * NS_S),
+    ("week", 604_800 * NS_S),
+    ("wks", 604_800 * NS_S),
+    ("wk", 604_800 * NS_S),
+    ("w", 604_800 * NS_S),
+    ("months", 2_630_016 * NS_S),
+    ("month", 2_630_016 * NS_S),
+    ("M", 2_630_016 * NS_S),
+    ("years", 31_557_600 * NS_S),
+    ("year", 31_557_600 * NS_S),
+    ("yrs", 31_557_600 * NS_S),
+    ("yr", 31_557_600 * NS_S),
+    ("y", 31_557_600 * NS_S),
+];
+const NS_S: u128 = 1_000_000_000;
+
+/// Where a spec comes in: which fields it may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    /// A NATS message's envelope: the subject names the queue; nothing waits for parents.
+    Message,
+    /// A `then` spec: names its queue; `delay_ms` after its parent completes.
+    Then,
+    /// SQL `enqueue()`, the CLI, the Rust client, cron: everything.
+    Enqueue,
+}
+
+impl Door {
+    /// The fields this door takes.
+    pub fn fields(self) -> &'static [&'static str] {
+        match self {
+            Door::Message => &[
+                "id",
+                "payload",
+                "priority",
+                "max_attempts",
+                "timeout_ms",
+                "idempotency_key",
+                "run_at_ms",
+                "backoff",
+                "then",
+                "depends_on",
+            ],
+            Door::Then => &[
+                "queue",
+                "payload",
+                "id",
+                "priority",
+                "max_attempts",
+                "timeout_ms",
+                "delay_ms",
+                "idempotency_key",
+                "backoff",
+                "then",
+            ],
+            Door::Enqueue => &[
+                "id",
+                "queue",
+                "payload",
+                "priority",
+                "max_attempts",
+                "timeout_ms",
+                "idempotency_key",
+                "run_at_ms",
+                "delay_ms",
+                "backoff",
+                "then",
+                "depends_on",
+            ],
+        }
+    }
+
+    /// The name the SQL function `job_check()` knows it by.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Message => "message",
+            Door::Then => "then",
+            Door::Enqueue => "enqueue",
+        }
+    }
+}
+
+/// Why a spec was refused: the field (a path, e.g. `then[2].priority`) and what is wrong with
+/// it. Its text is the same whichever door refused it (the SQL function raises the same
+/// words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("field `{field}` must be {expected}, found {found}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("field `{field}` is invalid: {reason}")]
+    BadValue { field: String, reason: String },
+    #[error("field `{field}` is required")]
+    Missing { field: String },
+    #[error("field `{field}` is not a field of {what}; the fields are {fields}")]
+    Unknown {
+        field: String,
+        what: &'static str,
+        fields: String,
+    },
+}
+
+impl Refused {
+    /// The field refused (a path, e.g. `then[2].priority`).
+    pub fn field(&self) -> &str {
+        match self {
+            Refused::WrongType { field, .. }
+            | Refused::BadValue { field, .. }
+            | Refused::Missing { field }
+            | Refused::Unknown { field, .. } => field,
+        }
+    }
+
+    fn bad(field: &str, reason: impl Into<String>) -> Refused {
+        Refused::BadValue {
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn wrong(field: &str, expected: &'static str, found: &Value) -> Refused {
+        Refused::WrongType {
+            field: field.to_string(),
+            expected,
+            found: json_kind(found),
+        }
+    }
+}
+
+/// The kind of a JSON value, as error messages name it.
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn forbidden_in(c: char, table: &[(char, char)]) -> bool {
+    table.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+/// How a character is named in an error: printable ones quoted, the rest by code point (a
+/// raw CR in an error message would itself break a log line).
+fn char_name(c: char) -> String {
+    if forbidden_in(c, ID_FORBIDDEN) && !matches!(c, '#' | '/' | '?') {
+        format!("U+{:04X}", c as u32)
+    } else {
+        format!("'{c}'")
+    }
+}
+
+/// Checks a job id; the reason names what is wrong.
+pub fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "is {} bytes long, the limit is {MAX_ID_BYTES}",
+            id.len()
+        ));
+    }
+    if let Some(c) = id.chars().find(|&c| forbidden_in(c, ID_FORBIDDEN)) {
+        return Err(format!(
+            "contains {}; an id may not hold control characters, whitespace, invisible \
+             characters, / ? or #",
+            char_name(c)
+        ));
+    }
+    if id == "." || id == ".." {
+        return Err(format!(
+            "{id:?} cannot be an id (URL paths collapse it); add a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a queue name: it becomes one NATS subject token and part of a consumer name.
+pub fn check_queue(q: &str) -> Result<(), String> {
+    let ok_chars = q
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-');
+    if q.is_empty() || q.len() > MAX_QUEUE_BYTES || !ok_chars {
+        return Err(format!(
+            "queue name {q:?} must be 1 to {MAX_QUEUE_BYTES} ASCII letters, digits, '_' or '-', \
+             e.g. \"email\""
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an idempotency key.
+pub fn check_key(k: &str) -> Result<(), String> {
+    if k.is_empty() || k.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "is {} bytes long; a key is 1 to {MAX_KEY_BYTES} bytes",
+            k.len()
+        ));
+    }
+    if let Some(c) = k.chars().find(|&c| forbidden_in(c, KEY_FORBIDDEN)) {
+        return Err(format!(
+            "contains {}; a key may not hold control or invisible characters",
+            char_name(c)
+        ));
+    }
+    Ok(())
+}
+
+/// A JSON number that is a whole number (`5`, `5.0`, `5e0`) as an i64, else `None`.
+pub fn whole_number(v: &Value) -> Option<i64> {
+    let Value::Number(n) = v else { return None };
+    if let Some(i) = n.as_i64() {
+        return Some(i);
+    }
+    if n.as_u64().is_some() {
+        return None; // above i64::MAX: out of every range
+    }
+    let f = n.as_f64()?;
+    (f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18).then_some(f as i64)
+}
+
+fn whole_in(
+    obj: &Map<String, Value>,
+    at: &str,
+    field: &str,
+    lo: i64,
+    hi: i64,
+) -> Result<Option<i64>, Refused> {
+    let path = join(at, field);
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Number(n)) => match whole_number(v) {
+            Some(i) if (lo..=hi).contains(&i) => Ok(Some(i)),
+            _ => Err(Refused::bad(
+                &path,
+                format!("{n} is not a whole number from {lo} to {hi}"),
+            )),
+        },
+        Some(other) => Err(Refused::wrong(&path, "a whole number", other)),
+    }
+}
+
+fn string<'a>(
+    obj: &'a Map<String, Value>,
+    at: &str,
+    field: &str,
+) -> Result<Option<&'a str>, Refused> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(Refused::wrong(&join(at, field), "a string", other)),
+    }
+}
+
+fn join(at: &str, field: &str) -> String {
+    if at.is_empty() {
+        field.to_string()
+    } else {
+        format!("{at}.{field}")
+    }
+}
+
+/// Reads a backoff duration: terms of a number (up to [`MAX_DURATION_DIGITS`] digits, and
+/// up to [`MAX_DURATION_DECIMALS`] after a point) and a unit of [`DURATION_UNITS`], with
+/// spaces or tabs around them (`"1h 30m"`, `"1.5s"`, `"250ms"`). Returns nanoseconds
+/// (a fraction of a nanosecond is dropped). The SQL function `contract_duration_ns()` reads
+/// the same grammar.
+pub fn parse_duration_ns(text: &str) -> Result<u128, String> {
+    if text.len() > MAX_DURATION_TEXT {
+        return Err(format!(
+            "is {} bytes long; write a duration of at most {MAX_DURATION_TEXT} bytes, e.g. \"1h 30m\"",
+            text.len()
+        ));
+    }
+    let b = text.as_bytes();
+    let mut i = 0;
+    let mut total: u128 = 0;
+    let mut terms = 0;
+    let blank = |c: u8| c == b' ' || c == b'\t';
+    loop {
+        while i < b.len() && blank(b[i]) {
+            i += 1;
+        }
+        if i == b.len() {
+            break;
+        }
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let int = &text[start..i];
+        let mut frac = "";
+        if i < b.len() && b[i] == b'.' {
+            let f = i + 1;
+            i = f;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            frac = &text[f..i];
+            if frac.is_empty() {
+                return Err(format!(
+                    "{text:?} is not a duration: a digit must follow the point"
+                ));
+            }
+        }
+        if int.is_empty() {
+            return Err(format!(
+                "{text:?} is not a duration: expected a number, e.g. \"1s\", \"250ms\" or \"1h 30m\""
+            ));
+        }
+        if int.len() > MAX_DURATION_DIGITS || frac.len() > MAX_DURATION_DECIMALS {
+            return Err(format!(
+                "{text:?} has a number with too many digits (at most {MAX_DURATION_DIGITS}, and \
+                 {MAX_DURATION_DECIMALS} after the point)"
+            ));
+        }
+        while i < b.len() && blank(b[i]) {
+            i += 1;
+        }
+        let u = i;
+        while i < text.len()
+            && !text[i..]
+                .starts_with(|c: char| c.is_ascii_digit() || c == ' ' || c == '\t' || c == '.')
+        {
+            i += text[i..].chars().next().map_or(1, char::len_utf8);
+        }
+        let unit = &text[u..i];
+        let Some(&(_, per)) = DURATION_UNITS.iter().find(|(name, _)| *name == unit) else {
+            return Err(format!(
+                "{text:?} is not a duration: unknown unit {unit:?}; use ns, us, ms, s, m, h, d, \
+                 w, M (months) or y, e.g. \"1h 30m\""
+            ));
+        };
+        let whole: u128 = int.parse().expect("digits");
+        let num: u128 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse().expect("digits")
+        };
+        let den = 10u128.pow(frac.len() as u32);
+        total += whole * per + num * per / den;
+        terms += 1;
+    }
+    if terms == 0 {
+        return Err("is empty; write a duration, e.g. \"1s\", \"250ms\" or \"1h 30m\"".into());
+    }
+    Ok(total)
+}
+
+/// Checks a backoff object and returns it as jobwarden stores it.
+pub fn check_backoff(v: &Value, path: &str) -> Result<crate::backoff::Backoff, Refused> {
+    use crate::backoff::{Backoff, BackoffKind};
+    use std::time::Duration;
+    let Value::Object(b) = v else {
+        return Err(Refused::wrong(
+            path,
+            "an object, e.g. {\"kind\":\"exponential\",\"base\":\"1s\",\"max\":\"10m\"}",
+            v,
+        ));
+    };
+    if let Some(k) = b
+        .keys()
+        .find(|k| !["kind", "base", "max", "jitter"].contains(&k.as_str()))
+    {
+        return Err(Refused::Unknown {
+            field: join(path, k),
+            what: "a backoff",
+            fields: "kind, base, max, jitter".into(),
+        });
+    }
+    let kind = match b.get("kind") {
+        None | Some(Value::Null) => {
+            return Err(Refused::Missing {
+                field: join(path, "kind"),
+            })
+        }
+        Some(Value::String(k)) => match k.as_str() {
+            "fixed" => BackoffKind::Fixed,
+            "linear" => BackoffKind::Linear,
+            "exponential" => BackoffKind::Exponential,
+            other => {
+                return Err(Refused::bad(
+                    &join(path, "kind"),
+                    format!("{other:?} is not a backoff kind; use fixed, linear or exponential"),
+                ))
+            }
+        },
+        Some(other) => return Err(Refused::wrong(&join(path, "kind"), "a string", other)),
+    };
+    let limit_ns = MAX_DELAY_MS as u128 * 1_000_000;
+    let duration = |name: &str| -> Result<Option<u128>, Refused> {
+        let at = join(path, name);
+        match b.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => {
+                let ns = parse_duration_ns(s).map_err(|e| Refused::bad(&at, e))?;
+                if ns > limit_ns {
+                    return Err(Refused::bad(
+                        &at,
+                        format!(
+                            "{s:?} is longer than {} days, the longest delay",
+                            MAX_DELAY_MS / DAY_MS
+                        ),
+                    ));
+                }
+                Ok(Some(ns))
+            }
+            Some(other) => Err(Refused::wrong(&at, "a duration string, e.g. \"1s\"", other)),
+        }
+    };
+    let Some(base) = duration("base")? else {
+        return Err(Refused::Missing {
+            field: join(path, "base"),
+        });
+    };
+    let max = duration("max")?.unwrap_or(DEFAULT_BACKOFF_MAX_MS as u128 * 1_000_000);
+    let jitter = match b.get("jitter") {
+        None | Some(Value::Null) => 0.0,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(j) if (0.0..=1.0).contains(&j) => j,
+            _ => {
+                return Err(Refused::bad(
+                    &join(path, "jitter"),
+                    format!("{n} is not a fraction from 0 to 1"),
+                ))
+            }
+        },
+        Some(other) => return Err(Refused::wrong(&join(path, "jitter"), "a number", other)),
+    };
+    if base == 0 && kind != BackoffKind::Fixed {
+        return Err(Refused::bad(
+            &join(path, "base"),
+            "must be above zero for a linear or exponential backoff",
+        ));
+    }
+    if max < base {
+        return Err(Refused::bad(
+            &join(path, "max"),
+            "must not be below base (a backoff without max has a max of 1h)",
+        ));
+    }
+    let ns = |n: u128| Duration::from_nanos(n as u64);
+    Ok(Backoff {
+        kind,
+        base: ns(base),
+        max: ns(max),
+        jitter,
+    })
+}
+
+/// PostgreSQL's jsonb cannot hold the NUL character in any string or key.
+pub fn check_payload(payload: &Value, path: &str, limit: Option<usize>) -> Result<(), Refused> {
+    if !payload.is_object() {
+        return Err(Refused::wrong(path, "an object", payload));
+    }
+    if crate::jsonb::has_nul(payload) {
+        return Err(Refused::bad(
+            path,
+            "contains the NUL character \\u0000, which PostgreSQL jsonb cannot store; encode \
+             binary data as base64",
+        ));
+    }
+    if let Some(limit) = limit {
+        let size = serde_json::to_vec(payload).map_or(0, |b| b.len());
+        if size > limit {
+            return Err(Refused::bad(
+                path,
+                format!(
+                    "is {size} bytes, over the limit of {limit} bytes (worker.max_payload_bytes); \
+                     store large data elsewhere and pass a reference"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A spec that passed, its values read (absent fields `None`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Spec {
+    pub id: Option<String>,
+    pub queue: Option<String>,
+    pub payload: Value,
+    pub priority: Option<i16>,
+    pub max_attempts: Option<i32>,
+    pub timeout_ms: Option<i32>,
+    pub idempotency_key: Option<String>,
+    pub run_at_ms: Option<i64>,
+    pub delay_ms: Option<i64>,
+    pub backoff: Option<crate::backoff::Backoff>,
+    /// The `then` specs, checked, as given.
+    pub then: Option<Value>,
+    pub depends_on: Vec<String>,
+}
+
+impl Spec {
+    /// The spec as it is stored (a `then` spec in its parent's row): whole numbers as
+    /// integers, a backoff in the form every reader reads alike, absent fields left out.
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put("id", self.id.clone().map(Value::from));
+        put("queue", self.queue.clone().map(Value::from));
+        put("payload", Some(self.payload.clone()));
+        put("priority", self.priority.map(Value::from));
+        put("max_attempts", self.max_attempts.map(Value::from));
+        put("timeout_ms", self.timeout_ms.map(Value::from));
+        put(
+            "idempotency_key",
+            self.idempotency_key.clone().map(Value::from),
+        );
+        put("run_at_ms", self.run_at_ms.map(Value::from));
+        put("delay_ms", self.delay_ms.map(Value::from));
+        put(
+            "backoff",
+            self.backoff
+                .map(|b| serde_json::to_value(b).expect("a backoff serialises")),
+        );
+        put("then", self.then.clone());
+        if !self.depends_on.is_empty() {
+            put("depends_on", Some(Value::from(self.depends_on.clone())));
+        }
+        Value::Object(m)
+    }
+}
+
+/// Checks a spec at `door`. `payload_limit`: the most bytes a payload may have (the
+/// workers' `worker.max_payload_bytes`), when the door measures it here (a message's whole
+/// body is measured before it is read).
+pub fn check_spec(
+    obj: &Map<String, Value>,
+    door: Door,
+    payload_limit: Option<usize>,
+) -> Result<Spec, Refused> {
+    let mut budget = MAX_THEN_JOBS;
+    check_at(obj, door, payload_limit, "", 0, &mut budget)
+}
+
+fn check_at(
+    obj: &Map<String, Value>,
+    door: Door,
+    payload_limit: Option<usize>,
+    at: &str,
+    depth: usize,
+    budget: &mut usize,
+) -> Result<Spec, Refused> {
+    let fields = door.fields();
+    // Object keys are sorted: the first unknown one is named, the same in SQL.
+    let mut keys: Vec<&String> = obj.keys().collect();
+    keys.sort();
+    if let Some(k) = keys.into_iter().find(|k| !fields.contains(&k.as_str())) {
+        return Err(Refused::Unknown {
+            field: join(at, k),
+            what: match door {
+                Door::Message => "a message's envelope",
+                Door::Then => "a `then` job",
+                Door::Enqueue => "an enqueued job",
+            },
+            fields: fields.join(", "),
+        });
+    }
+    let queue = match string(obj, at, "queue")? {
+        Some(q) => {
+            check_queue(q).map_err(|e| Refused::bad(&join(at, "queue"), e))?;
+            Some(q.to_string())
+        }
+        None if door != Door::Message => {
+            return Err(Refused::Missing {
+                field: join(at, "queue"),
+            })
+        }
+        None => None,
+    };
+    let payload = match obj.get("payload") {
+        None | Some(Value::Null) => {
+            return Err(Refused::Missing {
+                field: join(at, "payload"),
+            })
+        }
+        Some(p) => {
+            check_payload(p, &join(at, "payload"), payload_limit)?;
+            p.clone()
+        }
+    };
+    let id = match string(obj, at, "id")? {
+        Some(id) => {
+            check_id(id).map_err(|e| Refused::bad(&join(at, "id"), e))?;
+            Some(id.to_string())
+        }
+        None => None,
+    };
+    let priority = whole_in(
+        obj,
+        at,
+        "priority",
+        MIN_PRIORITY.into(),
+        MAX_PRIORITY.into(),
+    )?;
+    let max_attempts = whole_in(obj, at, "max_attempts", 1, MAX_ATTEMPTS.into())?;
+    let timeout_ms = whole_in(obj, at, "timeout_ms", 1, MAX_TIMEOUT_MS)?;
+    let idempotency_key = match string(obj, at, "idempotency_key")? {
+        Some(k) => {
+            check_key(k).map_err(|e| Refused::bad(&join(at, "idempotency_key"), e))?;
+            Some(k.to_string())
+        }
+        None => None,
+    };
+    let run_at_ms = whole_in(obj, at, "run_at_ms", 0, MAX_RUN_AT_MS)?;
+    let delay_ms = whole_in(obj, at, "delay_ms", 0, MAX_DELAY_MS)?;
+    let backoff = match obj.get("backoff") {
+        None | Some(Value::Null) => None,
+        Some(b) => Some(check_backoff(b, &join(at, "backoff"))?),
+    };
+    let depends_on = match obj.get("depends_on") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(_) if door == Door::Message => {
+            return Err(Refused::bad(
+                &join(at, "depends_on"),
+                "a job that waits for others must be stored before anything runs it: enqueue \
+                 it through PostgreSQL (SQL enqueue(..., depends_on => ...), the Rust client, \
+                 or `jobwarden enqueue --depends-on`), not by publishing",
+            ));
+        }
+        Some(Value::Array(parents)) => {
+            let path = join(at, "depends_on");
+            if parents.len() > MAX_DEPENDS_ON {
+                return Err(Refused::bad(
+                    &path,
+                    format!(
+                        "names {} jobs; a job may wait for at most {MAX_DEPENDS_ON}",
+                        parents.len()
+                    ),
+                ));
+            }
+            let mut ids = Vec::with_capacity(parents.len());
+            for (i, p) in parents.iter().enumerate() {
+                let here = format!("{path}[{}]", i + 1);
+                let Value::String(p) = p else {
+                    return Err(Refused::wrong(&here, "a job id (a string)", p));
+                };
+                check_id(p).map_err(|e| Refused::bad(&here, e))?;
+                if id.as_deref() == Some(p.as_str()) {
+                    return Err(Refused::bad(&here, "a job cannot depend on itself"));
+                }
+                ids.push(p.clone());
+            }
+            ids
+        }
+        Some(other) => {
+            return Err(Refused::wrong(
+                &join(at, "depends_on"),
+                "an array of job ids",
+                other,
+            ))
+        }
+    };
+    let then = match obj.get("then") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let path = join(at, "then");
+            let Value::Array(specs) = v else {
+                return Err(Refused::wrong(
+                    &path,
+                    "an array of jobs, e.g. [{\"queue\":\"email\",\"payload\":{}}]",
+                    v,
+                ));
+            };
+            if depth + 1 > MAX_THEN_DEPTH {
+                return Err(Refused::bad(
+                    &path,
+                    format!("nests deeper than {MAX_THEN_DEPTH} levels of then"),
+                ));
+            }
+            let mut kids = Vec::with_capacity(specs.len());
+            for (i, s) in specs.iter().enumerate() {
+                let here = format!("{path}[{}]", i + 1);
+                if *budget == 0 {
+                    return Err(Refused::bad(
+                        &here,
+                        format!("one job may create at most {MAX_THEN_JOBS} jobs through then"),
+                    ));
+                }
+                *budget -= 1;
+                let Value::Object(s) = s else {
+                    return Err(Refused::wrong(&here, "an object", s));
+                };
+                kids.push(
+                    check_at(s, Door::Then, payload_limit, &here, depth + 1, budget)?.to_value(),
+                );
+            }
+            Some(Value::Array(kids))
+        }
+    };
+    let narrow = |v: Option<i64>| v.map(|v| v as i32);
+    Ok(Spec {
+        id,
+        queue,
+        payload,
+        priority: priority.map(|p| p as i16),
+        max_attempts: narrow(max_attempts),
+        timeout_ms: narrow(timeout_ms),
+        idempotency_key,
+        run_at_ms,
+        delay_ms,
+        backoff,
+        then,
+        depends_on,
+    })
+}
+
+/// A forbidden-character table as the body of a PostgreSQL regular-expression bracket
+/// (`\uXXXX` escapes; NUL left out, as `text` cannot hold it).
+fn sql_class(table: &[(char, char)]) -> String {
+    let esc = |c: char| {
+        let c = (c as u32).max(1);
+        if c <= 0xFFFF {
+            format!("\\u{c:04x}")
+        } else {
+            format!("\\U{c:08x}")
+        }
+    };
+    table
+        .iter()
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                esc(lo)
+            } else {
+                format!("{}-{}", esc(lo), esc(hi))
+            }
+        })
+        .collect()
+}
+
+/// The values the SQL template's `{{NAME}}` placeholders take: every limit, table and field
+/// list above.
+pub fn sql_values() -> Vec<(&'static str, String)> {
+    let list = |d: Door| {
+        d.fields()
+            .iter()
+            .map(|f| format!("'{f}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let units = DURATION_UNITS
+        .iter()
+        .map(|(u, ns)| format!("('{u}', {ns})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    vec![
+        ("MAX_ID_BYTES", MAX_ID_BYTES.to_string()),
+        ("MAX_KEY_BYTES", MAX_KEY_BYTES.to_string()),
+        ("MAX_QUEUE_BYTES", MAX_QUEUE_BYTES.to_string()),
+        ("MIN_PRIORITY", MIN_PRIORITY.to_string()),
+        ("MAX_PRIORITY", MAX_PRIORITY.to_string()),
+        ("DEFAULT_PRIORITY", DEFAULT_PRIORITY.to_string()),
+        ("MAX_ATTEMPTS", MAX_ATTEMPTS.to_string()),
+        (
+            "DEFAULT_SQL_MAX_ATTEMPTS",
+            DEFAULT_SQL_MAX_ATTEMPTS.to_string(),
+        ),
+        ("MAX_TIMEOUT_MS", MAX_TIMEOUT_MS.to_string()),
+        ("MAX_DELAY_MS", MAX_DELAY_MS.to_string()),
+        ("MAX_DELAY_DAYS", (MAX_DELAY_MS / DAY_MS).to_string()),
+        ("MAX_RUN_AT_MS", MAX_RUN_AT_MS.to_string()),
+        ("MAX_THEN_JOBS", MAX_THEN_JOBS.to_string()),
+        ("MAX_THEN_DEPTH", MAX_THEN_DEPTH.to_string()),
+        ("MAX_DEPENDS_ON", MAX_DEPENDS_ON.to_string()),
+        ("MAX_DURATION_TEXT", MAX_DURATION_TEXT.to_string()),
+        ("MAX_DURATION_DECIMALS", MAX_DURATION_DECIMALS.to_string()),
+        ("MAX_DURATION_DIGITS", MAX_DURATION_DIGITS.to_string()),
+        ("DEFAULT_BACKOFF_MAX_MS", DEFAULT_BACKOFF_MAX_MS.to_string()),
+        (
+            "DEFAULT_MAX_PAYLOAD_BYTES",
+            crate::config::DEFAULT_MAX_PAYLOAD_BYTES.to_string(),
+        ),
+        ("ID_FORBIDDEN", sql_class(ID_FORBIDDEN)),
+        ("KEY_FORBIDDEN", sql_class(KEY_FORBIDDEN)),
+        ("DURATION_UNITS", units),
+        ("MESSAGE_FIELDS", list(Door::Message)),
+        ("THEN_FIELDS", list(Door::Then)),
+        ("ENQUEUE_FIELDS", list(Door::Enqueue)),
+    ]
+}
+
+/// Fills a SQL template's `{{NAME}}` placeholders with [`sql_values`]. Panics on a
+/// placeholder it does not know (a test renders every template).
+pub fn render_sql(template: &str) -> String {
+    let mut out = template.to_string();
+    for (name, value) in sql_values() {
+        out = out.replace(&format!("{{{{{name}}}}}"), &value);
+    }
+    if let Some(at) = out.find("{{") {
+        let end = out[at..].find("}}").map_or(out.len(), |e| at + e + 2);
+        panic!("unknown placeholder {} in a SQL template", &out[at..end]);
+    }
+    out
+}
+
+impl fmt::Display for Door {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: Value, door: Door) -> Result<Spec, Refused> {
+        check_spec(v.as_object().unwrap(), door, Some(1 << 20))
+    }
+
+    #[test]
+    fn the_id_tables_cover_every_control_and_whitespace_character() {
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            if c.is_control() || c.is_whitespace() {
+                assert!(
+                    forbidden_in(c, ID_FORBIDDEN),
+                    "{:04X} allowed in ids",
+                    c as u32
+                );
+            }
+            if c.is_control() {
+                assert!(
+                    forbidden_in(c, KEY_FORBIDDEN),
+                    "{:04X} allowed in keys",
+                    c as u32
+                );
+            }
+        }
+        for ok in [
+            "order-42", "a:1", "ü", "日本", "%41", "-x", "a.b", "...", "🦀", "<b>&\"'",
+        ] {
+            assert!(check_id(ok).is_ok(), "{ok}: {:?}", check_id(ok));
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a b",
+            "a/b",
+            "x\ny",
+            "x\ry",
+            "a\u{200B}b",
+            "a\u{202E}b",
+            "a?b",
+            "a#b",
+        ] {
+            assert!(check_id(bad).is_err(), "{bad:?} accepted");
+        }
+        let e = check_id("x\ny").unwrap_err();
+        assert!(e.contains("U+000A") && !e.contains('\n'), "{e}");
+        assert!(check_id(&"é".repeat(100)).is_ok());
+        assert!(check_id(&"é".repeat(101)).is_err());
+    }
+
+    #[test]
+    fn durations_read_the_documented_grammar() {
+        let s = |t: &str| parse_duration_ns(t).map(|ns| ns / 1_000_000);
+        assert_eq!(s("1s"), Ok(1000));
+        assert_eq!(s("1h 30m"), Ok(5_400_000));
+        assert_eq!(s("1.5s"), Ok(1500));
+        assert_eq!(s(" 250 ms "), Ok(250));
+        assert_eq!(s("2d1h"), Ok(2 * 86_400_000 + 3_600_000));
+        assert_eq!(s("1M"), Ok(2_630_016_000));
+        for bad in [
+            "", "  ", "1", "s", "1x", "1.s", ".5s", "1,5s", "1s-", "-1s", "1e3s", "1s\n",
+        ] {
+            assert!(parse_duration_ns(bad).is_err(), "{bad:?} accepted");
+        }
+        // Every unit reads as humantime reads it (configuration files use humantime).
+        for (unit, ns) in DURATION_UNITS {
+            let text = format!("3{unit}");
+            assert_eq!(
+                humantime::parse_duration(&text).unwrap().as_nanos(),
+                3 * ns,
+                "{text}"
+            );
+            assert_eq!(parse_duration_ns(&text), Ok(3 * ns));
+        }
+    }
+
+    #[test]
+    fn a_backoff_beyond_ten_years_is_refused_and_every_accepted_one_is_computable() {
+        let b = json!({"kind": "fixed", "base": "1000000y", "max": "1000000y"});
+        let e = check_backoff(&b, "backoff").unwrap_err();
+        assert_eq!(e.field(), "backoff.base", "{e}");
+        let longest = json!({"kind": "exponential", "base": "3650d", "max": "3650d", "jitter": 1});
+        let b = check_backoff(&longest, "backoff").unwrap();
+        for attempt in [1, 2, 31, 1000, u32::MAX] {
+            for unit in [0.0, 0.5, 0.999] {
+                let d = b.delay_jittered(attempt, unit);
+                assert!(d.as_millis() as i64 <= MAX_DELAY_MS);
+                let _ = std::time::Instant::now() + d;
+                let _ = std::time::SystemTime::now() + d;
+            }
+        }
+        // The latest run_at plus the longest delay is still a date chrono (and PostgreSQL,
+        // up to the year 294276) can hold.
+        let t = chrono::DateTime::from_timestamp_millis(MAX_RUN_AT_MS).unwrap();
+        assert!(t
+            .checked_add_signed(chrono::Duration::milliseconds(MAX_DELAY_MS))
+            .is_some());
+    }
+
+    #[test]
+    fn each_door_takes_its_own_fields() {
+        assert!(spec(json!({"payload": {}, "queue": "x"}), Door::Message).is_err());
+        let e = spec(json!({"payload": {}, "depends_on": ["a"]}), Door::Message).unwrap_err();
+        assert!(e.to_string().contains("--depends-on"), "{e}");
+        let e = spec(json!({"payload": {}}), Door::Then).unwrap_err();
+        assert_eq!(
+            e,
+            Refused::Missing {
+                field: "queue".into()
+            }
+        );
+        let e = spec(
+            json!({"queue": "a", "payload": {}, "run_at_ms": 1}),
+            Door::Then,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), "run_at_ms");
+        let ok = spec(
+            json!({"queue": "a", "payload": {}, "depends_on": ["p1", "p2"], "delay_ms": 5}),
+            Door::Enqueue,
+        )
+        .unwrap();
+        assert_eq!(ok.depends_on, vec!["p1", "p2"]);
+        // Whole numbers in any notation.
+        let ok = spec(json!({"payload": {}, "priority": 2.0}), Door::Message).unwrap();
+        assert_eq!(ok.priority, Some(2));
+        let e = spec(json!({"payload": {}, "priority": 2.5}), Door::Message).unwrap_err();
+        assert_eq!(e.field(), "priority");
+    }
+
+    #[test]
+    fn then_trees_are_bounded_in_size_and_depth_and_name_the_field() {
+        let mut deep = json!({"queue": "q", "payload": {}});
+        for _ in 0..MAX_THEN_DEPTH {
+            deep = json!({"queue": "q", "payload": {}, "then": [deep]});
+        }
+        let top = json!({"payload": {}, "then": [deep]});
+        let e = spec(top, Door::Message).unwrap_err();
+        assert!(e.field().ends_with(".then"), "{e}");
+        let wide: Vec<Value> = (0..=MAX_THEN_JOBS)
+            .map(|_| json!({"queue": "q", "payload": {}}))
+            .collect();
+        let e = spec(json!({"payload": {}, "then": wide}), Door::Message).unwrap_err();
+        assert_eq!(e.field(), format!("then[{}]", MAX_THEN_JOBS + 1));
+        let e = spec(
+            json!({"payload": {}, "then": [{"queue": "q", "payload": {}, "then": [{"queue": "q", "payload": {}, "priority": 12}]}]}),
+            Door::Message,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), "then[1].then[1].priority");
+    }
+
+    #[test]
+    fn every_placeholder_of_the_contract_migration_is_filled() {
+        let sql = render_sql(include_str!("../migrations/V14__one_contract.sql"));
+        assert!(!sql.contains("{{"));
+        assert!(sql.contains(&format!("{MAX_ID_BYTES}")));
+    }
+}
