@@ -24,6 +24,7 @@ use crate::job::{Envelope, DEFAULT_PRIORITY};
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::HeaderMap;
 use std::future::Future;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
@@ -173,6 +174,10 @@ pub enum BrokerError {
     },
     #[error("{what}: no answer from the NATS server within {}s", BROKER_CALL_LIMIT.as_secs())]
     TimedOut { what: String },
+    /// A job no worker would accept as a message (a row stored before the job contract
+    /// existed, or written by hand): it can never be published.
+    #[error("job {id} cannot be published: {reason}")]
+    Unpublishable { id: String, reason: String },
 }
 
 /// Runs one server call, giving up after [`BROKER_CALL_LIMIT`].
@@ -575,12 +580,32 @@ impl Broker {
         envelope: &Envelope,
         generation: i32,
     ) -> Result<(HeaderMap, bytes::Bytes)> {
+        let msg_id = envelope.id.as_ref().map(|id| format!("{id}:{generation}"));
+        self.message(envelope, msg_id.as_deref())
+    }
+
+    /// The encoded message of an envelope with the given `Nats-Msg-Id`.
+    fn message(
+        &self,
+        envelope: &Envelope,
+        msg_id: Option<&str>,
+    ) -> Result<(HeaderMap, bytes::Bytes)> {
         let body = serde_json::to_vec(envelope).expect("an envelope always serialises");
+        let id = envelope.id.clone().unwrap_or_default();
         let mut headers = HeaderMap::new();
-        if let Some(id) = &envelope.id {
+        // The contract keeps CR and LF out of ids, but a row may predate it:
+        // the checked constructor, never the one that panics (inside a service, or inside the
+        // NATS client's own task).
+        let value = |name: &str, v: &str| {
+            async_nats::HeaderValue::from_str(v).map_err(|e| BrokerError::Unpublishable {
+                id: id.clone(),
+                reason: format!("{name} {v:?} cannot be a header value ({e})"),
+            })
+        };
+        if let Some(m) = msg_id {
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
-                format!("{id}:{generation}").as_str(),
+                value("its Nats-Msg-Id", m)?,
             );
         }
         // Headers travel in the same frame and count against max_payload.
@@ -601,11 +626,7 @@ impl Broker {
         let size = body.len() + header_len;
         let limit = self.max_payload();
         if size > limit {
-            return Err(BrokerError::TooLarge {
-                id: envelope.id.clone().unwrap_or_default(),
-                size,
-                limit,
-            });
+            return Err(BrokerError::TooLarge { id, size, limit });
         }
         Ok((headers, body.into()))
     }

@@ -103,6 +103,27 @@ pub const ID_FORBIDDEN: &[(char, char)] = &[
     ('\u{FFF9}', '\u{FFFB}'), // interlinear annotations
 ];
 
+/// A W3C `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`, lower case, ids not all
+/// zero), or `None`: one that is not is dropped, as the W3C says (it is passed on to the
+/// application and kept with the job, so it must never carry anything else).
+pub fn traceparent(value: &str) -> Option<&str> {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let ok = parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+        && parts[1].bytes().any(|b| b != b'0')
+        && parts[2].bytes().any(|b| b != b'0');
+    ok.then_some(value)
+}
+
 /// Characters no idempotency key may hold: the same, except that the space and the
 /// URL characters are allowed (keys travel in headers and logs, never in a URL or as a word).
 pub const KEY_FORBIDDEN: &[(char, char)] = &[
@@ -1014,6 +1035,23 @@ mod tests {
         assert!(e.contains("U+000A") && !e.contains('\n'), "{e}");
         assert!(check_id(&"é".repeat(100)).is_ok());
         assert!(check_id(&"é".repeat(101)).is_err());
+    }
+
+    #[test]
+    fn only_a_well_formed_traceparent_is_kept() {
+        let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        assert_eq!(traceparent(good), Some(good));
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\rx-evil: 1",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+        ] {
+            assert_eq!(traceparent(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -54,7 +54,12 @@ impl<'a> Columns<'a> {
             c.keys.push(j.idempotency_key.as_deref());
             c.run_ats.push(j.run_at_ms);
             c.backoffs.push(j.backoff_json());
-            c.traces.push(i.traceparent.as_deref());
+            // Only a well-formed one is kept (every way in filters it; this is the last door).
+            c.traces.push(
+                i.traceparent
+                    .as_deref()
+                    .and_then(crate::contract::traceparent),
+            );
             c.thens.push(j.then.as_ref());
         }
         c

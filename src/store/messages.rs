@@ -219,7 +219,7 @@ impl Store {
                 .query(&dead, &[&ids, &reasons])
                 .await?
                 .into_iter()
-                .map(|r| (r.get(0), r.get(1)))
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
                 .collect();
         }
         tx.commit().await?;

@@ -272,7 +272,8 @@ pub struct PublishReport {
     pub duplicates: Vec<String>,
     /// Failed for now (broker unreachable, timed out): retried after a short wait.
     pub failed: Vec<String>,
-    /// Can never be published (over the server's max_payload): (id, reason), dead-lettered.
+    /// Can never be published (over the server's max_payload, or refused by the job
+    /// contract): (id, reason), dead-lettered.
     pub unpublishable: Vec<(String, String)>,
     /// Why the first failed publish failed (for the log).
     pub first_error: Option<String>,
@@ -285,8 +286,8 @@ pub struct DueRound {
     pub published: usize,
     pub duplicates: usize,
     pub failed: usize,
-    /// Dead-lettered as unpublishable: (id, queue).
-    pub dead: Vec<(String, String)>,
+    /// Dead-lettered as unpublishable: (id, queue, reason).
+    pub dead: Vec<(String, String, String)>,
     /// Why the first failed publish failed.
     pub first_error: Option<String>,
 }

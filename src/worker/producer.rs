@@ -832,6 +832,7 @@ impl Producer {
         let mut messages: Vec<Delivered> = Vec::with_capacity(arrived.len());
         let mut rejected: Vec<Rejected> = Vec::new();
         let mut dropped: Vec<Delivered> = Vec::new();
+        let mut mismatched = Vec::new();
         let mut seen = HashSet::with_capacity(arrived.len());
         for d in arrived {
             let msg_id = d.header(async_nats::header::NATS_MESSAGE_ID.as_ref());
@@ -844,10 +845,27 @@ impl Producer {
             };
             match job::decode(&d.msg.payload, &origin, max_bytes) {
                 Ok(mut job) if seen.insert(job.id.clone()) => {
-                    // The band a message was published to is its priority.
-                    if let Some(p) = d.band {
-                        job.priority = i16::from(p);
+                    // The subject a message came by is its priority: the lane it is delivered
+                    // in. An envelope naming another one could not be honoured (JetStream has
+                    // the message in that lane's order already), so it is refused, saying
+                    // which subject to publish it to; stored, it would run at one priority and
+                    // say another.
+                    let lane_priority = d.band.map_or(job::DEFAULT_PRIORITY, i16::from);
+                    if job.priority_named && job.priority != lane_priority {
+                        let reason =
+                            priority_mismatch(&shared, &queue, job.priority, lane_priority);
+                        let max_attempts =
+                            job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
+                        let own = d.own_id(&queue, &stream);
+                        let input = ClaimInput {
+                            job,
+                            max_attempts,
+                            traceparent: None,
+                        };
+                        mismatched.push((relabel(input, &own), reason, Some(d)));
+                        continue;
                     }
+                    job.priority = lane_priority;
                     let max_attempts = job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
                     // A job with an idempotency key may be a duplicate by design.
                     known.push(
@@ -858,7 +876,9 @@ impl Producer {
                     inputs.push(ClaimInput {
                         job,
                         max_attempts,
-                        traceparent: d.header("traceparent"),
+                        traceparent: d
+                            .header("traceparent")
+                            .filter(|t| crate::contract::traceparent(t).is_some()),
                     });
                     messages.push(d);
                 }
@@ -869,6 +889,9 @@ impl Producer {
                     delivered: d,
                 }),
             }
+        }
+        if !mismatched.is_empty() {
+            keep_dead(&shared, mismatched, Kept::PriorityMismatch).await;
         }
         if inputs.is_empty() {
             record_invalid(&shared, &queue, rejected).await;
@@ -1301,6 +1324,18 @@ async fn claim_existing(shared: &Shared, stale: Duration, inputs: &[ClaimInput])
     (Some((registered, out)), health)
 }
 
+/// Why a message whose envelope names another priority than its subject's is refused.
+fn priority_mismatch(shared: &Shared, queue: &str, named: i16, lane: i16) -> String {
+    let prefix = &shared.config.nats.subject_prefix;
+    let came = Lane::of(queue, lane).subject(prefix);
+    let right = Lane::of(queue, named).subject(prefix);
+    format!(
+        "field `priority` is invalid: the envelope names priority {named}, but the message was \
+         published to {came} (priority {lane}); publish it to {right} (or leave the field out). \
+         `jobwarden dlq retry` runs this one at priority {named}"
+    )
+}
+
 /// A message jobwarden republished from the job's row (the scheduler, for a retry, a due or
 /// an SQL-enqueued job): `Nats-Msg-Id: <id>:<generation>`.
 fn republished(msg_id: &str, id: &str) -> bool {
@@ -1329,6 +1364,25 @@ fn conflict_reason(id: &str, status: &str) -> String {
 /// ones that were only waiting for that (a message whose job runs under the row's payload is
 /// acked when that job settles).
 async fn keep_conflicts(shared: &Shared, items: Vec<(ClaimInput, String, Option<Delivered>)>) {
+    keep_dead(shared, items, Kept::IdConflict).await
+}
+
+/// Why a message is kept as a dead job with its own payload.
+#[derive(Clone, Copy, PartialEq)]
+enum Kept {
+    /// It reused a taken id.
+    IdConflict,
+    /// Its envelope named another priority than its subject's.
+    PriorityMismatch,
+}
+
+/// Keeps messages as dead jobs with their own payload and fields (a retry runs them), then
+/// acks them; naks them (they come back) when that cannot be written.
+async fn keep_dead(
+    shared: &Shared,
+    items: Vec<(ClaimInput, String, Option<Delivered>)>,
+    why: Kept,
+) {
     let (batch, rest): (Vec<ClaimInput>, Vec<(String, Option<Delivered>)>) =
         items.into_iter().map(|(i, r, d)| (i, (r, d))).unzip();
     let reasons: Vec<String> = rest.iter().map(|(r, _)| r.clone()).collect();
@@ -1348,8 +1402,13 @@ async fn keep_conflicts(shared: &Shared, items: Vec<(ClaimInput, String, Option<
         let recorded = kept.is_ok();
         if recorded {
             if inserted.contains(&input.job.id) {
-                Stats::add(&shared.stats.id_conflicts, 1);
-                warn!(job.id = %input.job.id, %reason, "message reused a taken id: kept as a dead job");
+                if why == Kept::IdConflict {
+                    Stats::add(&shared.stats.id_conflicts, 1);
+                    warn!(job.id = %input.job.id, %reason, "message reused a taken id: kept as a dead job");
+                } else {
+                    Stats::add(&shared.stats.invalid, 1);
+                    warn!(job.id = %input.job.id, %reason, "message named another priority than its subject's: kept as a dead job");
+                }
                 shared.announce_dead(&input.job.queue, &input.job.id, Some(&reason));
             }
             if let Some(d) = d {

@@ -176,26 +176,47 @@ impl Scheduler {
     /// Publishes one round of due jobs; returns what became of them.
     pub async fn run_once(&self) -> Result<DueRound, crate::store::StoreError> {
         let broker = self.shared.broker.clone();
+        let limit = self.shared.config.worker.max_payload_bytes;
         let round = self
             .shared
             .store
-            .job_publish_due(ROUND_LIMIT, |due| publish_all(broker, due))
+            .job_publish_due(ROUND_LIMIT, |due| publish_all(broker, due, limit))
             .await?;
         let stats = &self.shared.stats;
         Stats::add(&stats.scheduled_published, round.published as u64);
         Stats::add(&stats.republish_duplicates, round.duplicates as u64);
         Stats::add(&stats.unpublishable, round.dead.len() as u64);
-        for (id, queue) in &round.dead {
-            warn!(job.id = %id, %queue, "job can never be published (over the NATS server's max_payload): dead-lettered");
-            self.shared
-                .announce_dead(queue, id, Some("over the NATS server's max_payload"));
+        for (id, queue, reason) in &round.dead {
+            warn!(job.id = %id, %queue, %reason, "job can never be published: dead-lettered");
+            self.shared.announce_dead(queue, id, Some(reason));
         }
         Ok(round)
     }
 }
 
+/// Whether a worker would accept the message of a due job: the job contract as the decoder
+/// applies it, and the body within the workers' payload limit. A row the contract refuses
+/// (stored before it existed, or by hand) is never published: published, it would be
+/// refused by every worker, recorded as a dead copy, and republished again and again.
+fn refusal(envelope: &Envelope, limit: usize) -> Option<String> {
+    let body = serde_json::to_value(envelope).expect("an envelope serialises");
+    let serde_json::Value::Object(obj) = &body else {
+        return None;
+    };
+    if let Err(e) = crate::contract::check_spec(obj, crate::contract::Door::Message, None) {
+        return Some(format!("the job contract refuses it: {e}"));
+    }
+    let size = body.to_string().len();
+    (size > limit).then(|| {
+        format!(
+            "its message is {size} bytes, over the workers' limit of {limit} bytes \
+             (worker.max_payload_bytes)"
+        )
+    })
+}
+
 /// Publishes every due job concurrently, waiting (bounded) for the stream's answers.
-async fn publish_all(broker: Broker, due: Vec<DueJob>) -> PublishReport {
+async fn publish_all(broker: Broker, due: Vec<DueJob>, limit: usize) -> PublishReport {
     let mut report = PublishReport::default();
     let mut pending = Vec::with_capacity(due.len());
     // The rows stay locked while this runs: once one send could not even be handed to the
@@ -218,12 +239,16 @@ async fn publish_all(broker: Broker, due: Vec<DueJob>) -> PublishReport {
             // The row keeps the job's own backoff; the claim reads it from there.
             backoff: None,
         };
+        if let Some(reason) = refusal(&envelope, limit) {
+            report.unpublishable.push((job.id, reason));
+            continue;
+        }
         match broker
             .publish_job(&job.queue, &envelope, job.generation)
             .await
         {
             Ok(ack) => pending.push((job.id, ack)),
-            Err(e @ BrokerError::TooLarge { .. }) => {
+            Err(e @ (BrokerError::TooLarge { .. } | BrokerError::Unpublishable { .. })) => {
                 report.unpublishable.push((job.id, e.to_string()))
             }
             Err(e) => {

@@ -1,5 +1,6 @@
--- Due jobs that can never be published (their message is over the server's max_payload)
--- become dead with the reason, so they stop holding a place at the head of the schedule.
+-- Due jobs that can never be published (their message is over the server's max_payload, or
+-- is one no worker accepts: a row stored before the job contract, or by hand) become dead
+-- with the reason, so they stop holding a place at the head of the schedule.
 -- $1 ids; $2 reasons.
 WITH d AS (
     UPDATE jobs j
@@ -13,4 +14,4 @@ history AS (
     INSERT INTO job_attempt_log (job_id, lease, attempt, outcome, error)
     SELECT id, lease, attempts, 'dead', reason FROM d
 )
-SELECT id, queue FROM d
+SELECT id, queue, reason FROM d
