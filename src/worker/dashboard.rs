@@ -10,6 +10,7 @@
 //! Read-only unless `dashboard.admin_token` is set and the visitor gave it (`POST /login`
 //! sets an HttpOnly, SameSite=Strict cookie; API clients may send `Authorization: Bearer`).
 
+use super::listener::{cross_site, LimitedBody};
 use super::Shared;
 use crate::store::{JobFilter, JobSummary, QueueOverview};
 use axum::extract::{Query, State};
@@ -24,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 const PAGE: i64 = 50;
+/// The largest form accepted (a dead-letter page's 50 selected ids fit with room to spare).
+const FORM_BODY_LIMIT: usize = 64 * 1024;
 const COOKIE: &str = "jobwarden_admin";
 
 pub(crate) async fn serve(
@@ -48,13 +51,7 @@ pub(crate) async fn serve(
         .route("/login", post(login))
         .route("/logout", post(logout))
         .with_state(shared);
-    let shutdown = async move { cancel.cancelled().await };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        warn!(cause = %e, "dashboard stopped");
-    }
+    super::listener::serve("dashboard", listener, app, cancel).await;
 }
 
 /// Escapes text for HTML content and attribute values.
@@ -699,7 +696,7 @@ async fn pipeline(
 async fn pipeline_cancel(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     if let Some(refused) = refuse(&shared, &headers) {
         return refused;
@@ -910,31 +907,17 @@ fn refuse(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
         };
         return Some((StatusCode::FORBIDDEN, why).into_response());
     }
-    if !same_origin(headers) {
-        warn!("dashboard: an action from another origin was refused");
+    if let Some(why) = cross_site(headers) {
+        warn!(%why, "dashboard: an action from another site was refused");
         return Some(
             (
                 StatusCode::FORBIDDEN,
-                "refused: the request came from another origin",
+                format!("refused: the request came from another site ({why})"),
             )
                 .into_response(),
         );
     }
     None
-}
-
-/// A browser's request from this dashboard's own pages (`Sec-Fetch-Site`, else `Origin`
-/// against `Host`); a request with neither (curl, scripts with the bearer token) passes.
-fn same_origin(headers: &HeaderMap) -> bool {
-    let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
-    if let Some(site) = get("sec-fetch-site") {
-        return site == "same-origin" || site == "none";
-    }
-    match (get("origin"), get("host")) {
-        (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) == Some(host),
-        (Some(_), None) => false,
-        (None, _) => true,
-    }
 }
 
 /// The job a job form names, and the page to go back to.
@@ -948,7 +931,7 @@ fn job_target(body: &[u8]) -> (String, String) {
 async fn job_retry(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     if let Some(refused) = refuse(&shared, &headers) {
         return refused;
@@ -971,7 +954,7 @@ async fn job_retry(
 async fn job_cancel(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     if let Some(refused) = refuse(&shared, &headers) {
         return refused;
@@ -1050,7 +1033,7 @@ async fn dead_action(
 async fn dead_retry(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     dead_action(shared, headers, &body, false).await
 }
@@ -1058,12 +1041,15 @@ async fn dead_retry(
 async fn dead_discard(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     dead_action(shared, headers, &body, true).await
 }
 
-async fn login(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+async fn login(
+    State(shared): State<Arc<Shared>>,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
+) -> Response {
     let f = form(&body);
     let given = field(&f, "token").unwrap_or("");
     match shared.config.dashboard.admin_token.as_deref() {
