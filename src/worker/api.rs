@@ -47,8 +47,8 @@ use tracing::info;
 pub(crate) const PROGRESS_BODY_LIMIT: usize = 16 * 1024;
 
 /// The header (and its value) that lets a `GET /v1/drain` drain: what a Kubernetes `preStop`
-/// hook sends (`httpGet.httpHeaders`).
-pub(crate) const DRAIN_HEADER: (&str, &str) = ("x-jobwarden-drain", "preStop");
+/// hook sends (`httpGet.httpHeaders`). Header names are case-insensitive.
+pub(crate) const DRAIN_HEADER: (&str, &str) = ("X-Jobwarden-Drain", "preStop");
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
@@ -164,8 +164,7 @@ async fn drain_get(site: NotCrossSite, state: State<Arc<Shared>>, headers: Heade
         format!(
             "a drain changes state: send POST /v1/drain (curl -X POST …), or, from a \
              Kubernetes preStop httpGet hook (which can only GET), add the header \
-             {}: {value}",
-            "X-Jobwarden-Drain"
+             {name}: {value}"
         ),
     )
         .into_response()
