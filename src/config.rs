@@ -45,6 +45,10 @@ pub const DEFAULT_CLAIM_BATCH: usize = 256;
 pub const DEFAULT_PULL_MAX_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_ADOPT_AFTER: Duration = Duration::from_secs(5);
 pub const DEFAULT_UNSERVED_GRACE: Duration = Duration::from_secs(3600);
+/// After a drain asked for through the API, how long the worker waits for a stop signal
+/// before it exits by itself: longer than a pod's termination (its preStop drain, then the
+/// application's stop, then SIGTERM; 120 s in `k8s/`).
+pub const DEFAULT_DRAINED_EXIT_AFTER: Duration = Duration::from_secs(300);
 /// Dead-letter events go to `<EVENTS_PREFIX>.dead.<queue>` (core NATS, outside the stream).
 pub const EVENTS_PREFIX: &str = "jobwarden";
 pub const DEFAULT_CONCURRENCY: usize = 10;
@@ -166,6 +170,11 @@ pub struct WorkerConfig {
     /// keep their payload.
     #[serde(with = "humantime_serde")]
     pub unserved_grace: Duration,
+    /// A worker drained through the API (`POST /v1/drain`, the preStop hook) and then not
+    /// stopped within this long exits (status 0), so its orchestrator starts it again: a
+    /// drained worker takes no jobs while its liveness probe passes.
+    #[serde(with = "humantime_serde")]
+    pub drained_exit_after: Duration,
     /// Run migrations at start-up (under an advisory lock).
     pub migrate: bool,
 }
@@ -262,6 +271,7 @@ impl Default for WorkerConfig {
             pull_max_bytes: DEFAULT_PULL_MAX_BYTES,
             adopt_after: DEFAULT_ADOPT_AFTER,
             unserved_grace: DEFAULT_UNSERVED_GRACE,
+            drained_exit_after: DEFAULT_DRAINED_EXIT_AFTER,
             migrate: true,
         }
     }
@@ -423,6 +433,7 @@ impl Config {
             ("worker.broker_lost_after", w.broker_lost_after),
             ("worker.sweep_every", w.sweep_every),
             ("worker.scheduler_every", w.scheduler_every),
+            ("worker.drained_exit_after", w.drained_exit_after),
         ] {
             if d.is_zero() {
                 errs.push(format!(
@@ -870,6 +881,7 @@ impl Config {
             ("worker.shutdown_grace", w.shutdown_grace),
             ("worker.adopt_after", w.adopt_after),
             ("worker.unserved_grace", w.unserved_grace),
+            ("worker.drained_exit_after", w.drained_exit_after),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

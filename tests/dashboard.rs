@@ -447,8 +447,10 @@ async fn every_dashboard_view_shows_what_sql_says_and_a_dead_job_is_retried_from
     worker.shutdown().await;
 }
 
-/// The dashboard's statements against 10,000 jobs (and as many attempts), after ANALYZE:
-/// none reads a whole table (a text search in ids and errors is the one documented scan).
+/// The dashboard's statements against 10,000 jobs (and as many attempts, and 1,000 workers),
+/// after ANALYZE: none reads a whole table. (A text search in ids and errors walks the primary
+/// key in order until a page is full: when nothing matches, that is the whole table, and the
+/// time limit stops it; see `a_search_that_takes_too_long_is_stopped_...`.)
 #[tokio::test]
 async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
     let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
@@ -469,7 +471,12 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
          SELECT 'job-' || lpad(g::text, 5, '0'), 1, 1, 'w', now() - g * interval '9 second',
                 now() - g * interval '9 second' + interval '5 ms', 'retry', 'q' || (g % 8)
          FROM generate_series(10000, 1, -1) g;
-         ANALYZE jobs; ANALYZE job_attempt_log;",
+         INSERT INTO workers (id, hostname, pid, version, stopped_at)
+         SELECT 'host-' || g || '-1-0000', 'host-' || g, 1, 'test',
+                CASE WHEN g % 10 <> 0 THEN now() END
+         FROM generate_series(1, 1000) g;
+         UPDATE jobs SET pipeline = 'job-00040' WHERE id BETWEEN 'job-00041' AND 'job-00045';
+         ANALYZE jobs; ANALYZE job_attempt_log; ANALYZE workers;",
     )
     .await
     .unwrap();
@@ -484,10 +491,53 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
     let q1 = Some("q1".to_string());
     let dead = Some("dead".to_string());
     let queued = Some("queued".to_string());
+    let text = Some("boom 42".to_string());
     let first = String::new();
     let limit = 50i64;
+    let no_key: Option<i64> = None;
+    let some_key: Option<i64> = Some(1_700_000_000_000_000);
+    let job = "job-00042".to_string();
+    let zero = 0i64;
+    let names = vec!["nightly".to_string()];
     let cases: Vec<(&str, &str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>)> = vec![
-        ("overview", sql("dashboard_overview"), vec![]),
+        ("overview", sql("dashboard_overview"), vec![&first, &limit]),
+        (
+            "text search (walks the primary key, stopped by the time limit)",
+            sql("dashboard_jobs"),
+            vec![&none, &none, &text, &first, &limit],
+        ),
+        (
+            "text search in dead jobs",
+            sql("dashboard_jobs"),
+            vec![&none, &dead, &text, &first, &limit],
+        ),
+        ("workers", sql("dashboard_workers"), vec![&first, &limit]),
+        (
+            "attempts",
+            sql("dashboard_attempts"),
+            vec![&job, &zero, &limit],
+        ),
+        (
+            "pipeline",
+            sql("dashboard_pipeline"),
+            vec![&job, &no_key, &first, &limit],
+        ),
+        (
+            "pipeline, a later page",
+            sql("dashboard_pipeline"),
+            vec![&job, &some_key, &job, &limit],
+        ),
+        (
+            "pipeline counts",
+            sql("dashboard_pipeline_counts"),
+            vec![&job],
+        ),
+        ("cron fires", sql("dashboard_cron_fires"), vec![&names]),
+        (
+            "scheduled, a later page",
+            sql("dashboard_scheduled"),
+            vec![&some_key, &job, &limit],
+        ),
         (
             "jobs, first page",
             sql("dashboard_jobs"),
@@ -508,7 +558,11 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
             sql("dashboard_jobs"),
             vec![&q1, &queued, &none, &first, &limit],
         ),
-        ("scheduled", sql("dashboard_scheduled"), vec![&limit]),
+        (
+            "scheduled",
+            sql("dashboard_scheduled"),
+            vec![&no_key, &first, &limit],
+        ),
         ("depth", sql("job_depth"), vec![]),
     ];
     for (what, text, params) in cases {
@@ -518,7 +572,7 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let plan: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
         let plan = plan.join("\n");
-        for table in ["jobs", "job_attempt_log"] {
+        for table in ["jobs", "job_attempt_log", "workers"] {
             assert!(
                 !plan.contains(&format!("Seq Scan on {table}")),
                 "{what} reads all of {table}:\n{plan}"
@@ -630,5 +684,163 @@ async fn a_pipeline_is_one_view_and_an_admin_cancels_it_there() {
         0
     );
     b.close().await.unwrap();
+    worker.shutdown().await;
+}
+
+/// GETs a dashboard page; returns the status and the body.
+async fn page(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The `data-id`s of the rows of the table `#table_id` in `html`.
+fn row_ids(html: &str, table_id: &str) -> Vec<String> {
+    let start = html
+        .find(&format!("<table id=\"{table_id}\""))
+        .unwrap_or_else(|| panic!("no #{table_id} in {html}"));
+    let table = &html[start..start + html[start..].find("</table>").unwrap()];
+    table
+        .split("<tr data-id=\"")
+        .skip(1)
+        .map(|r| r[..r.find('"').unwrap()].to_string())
+        .collect()
+}
+
+/// The link `#link_id` of `html`, made absolute on `base` (HTML entities undone).
+fn link(html: &str, base: &str, link_id: &str) -> Option<String> {
+    let at = html.find(&format!("<a id=\"{link_id}\" href=\""))?;
+    let rest = &html[at + link_id.len() + 15..];
+    let href = &rest[..rest.find('"').unwrap()];
+    Some(format!("{base}{}", href.replace("&amp;", "&")))
+}
+
+/// Every row of a list, page after page (following `#link_id`); asserts each page holds at
+/// most 50 rows.
+async fn all_pages(base: &str, first: &str, table_id: &str, link_id: &str) -> Vec<String> {
+    let mut url = format!("{base}{first}");
+    let mut all = Vec::new();
+    for _ in 0..20 {
+        let (status, html) = page(&url).await;
+        assert_eq!(status, 200, "{url}: {html}");
+        let ids = row_ids(&html, table_id);
+        assert!(ids.len() <= 50, "{url}: {} rows on one page", ids.len());
+        all.extend(ids);
+        match link(&html, base, link_id) {
+            Some(next) => url = next,
+            None => return all,
+        }
+    }
+    panic!("{first}: more than 20 pages");
+}
+
+#[tokio::test]
+async fn every_dashboard_list_is_paged() {
+    let mut toml = String::from(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    for i in 0..70 {
+        toml.push_str(&format!(
+            "[cron.c{i:02}]\nschedule = \"0 3 * * *\"\nqueue = \"work\"\n"
+        ));
+    }
+    let env = TestEnv::new(&toml).await;
+    let c = env.store.raw().await.unwrap();
+    c.batch_execute(
+        "INSERT INTO jobs (id, queue, payload, status, attempts, max_attempts, scheduled_at,
+                           completed_at, pipeline, last_error)
+         SELECT 'p-' || lpad(g::text, 3, '0'), 'q' || lpad(g::text, 3, '0'), '{}'::jsonb,
+                CASE WHEN g % 2 = 0 THEN 'scheduled' ELSE 'dead' END, 1, 5,
+                now() + g * interval '1 minute', now(),
+                CASE WHEN g > 1 THEN 'p-001' END, 'boom'
+         FROM generate_series(1, 120) g;
+         INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, finished_at,
+                                      outcome, queue)
+         SELECT 'p-001', g, g, 'w', now(), now(), 'retry', 'q001'
+         FROM generate_series(1, 70) g;
+         INSERT INTO workers (id, hostname, pid, version)
+         SELECT 'host-' || lpad(g::text, 3, '0') || '-1-0000', 'host', 1, 'test'
+         FROM generate_series(1, 70) g;",
+    )
+    .await
+    .unwrap();
+    let worker = env
+        .worker(&[("h", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let base = format!("http://{}", worker.dashboard_addr.unwrap());
+    let distinct = |ids: &[String]| {
+        let mut d = ids.to_vec();
+        d.sort();
+        d.dedup();
+        d.len()
+    };
+    for (first, table, link_id, expected) in [
+        ("/jobs", "jobs", "next", 120),
+        ("/jobs?status=scheduled", "jobs", "next", 60),
+        ("/dead", "jobs", "next", 60),
+        ("/scheduled", "scheduled", "next", 60),
+        ("/scheduled", "cron", "next-cron", 70),
+        // 70 inserted, and the worker itself.
+        ("/workers", "workers", "next", 71),
+        ("/job?id=p-001", "attempts", "next-attempts", 70),
+        ("/pipeline?id=p-001", "pipeline", "next", 120),
+    ] {
+        let ids = all_pages(&base, first, table, link_id).await;
+        assert_eq!(ids.len(), expected, "{first} #{table}: {ids:?}");
+        assert_eq!(
+            distinct(&ids),
+            expected,
+            "{first} #{table}: a row on two pages"
+        );
+    }
+    // The overview: one row per queue (120 queues), paged too.
+    let (_, html) = page(&format!("{base}/")).await;
+    let rows = html.matches("data-field=\"queued\"").count();
+    assert_eq!(rows, 50, "queues on the overview's first page");
+    let next = link(&html, &base, "next").expect("a next page of queues");
+    let (_, html) = page(&next).await;
+    assert!(html.contains("data-queue=\"q051\""), "{html}");
+    let (_, summary) = page(&format!("{base}/pipeline?id=p-050")).await;
+    assert!(
+        summary.contains("120 jobs: 60 <span class=\"s s-dead\">dead</span>, 60"),
+        "{summary}"
+    );
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_search_that_takes_too_long_is_stopped_and_the_page_says_how_to_narrow_it() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .await;
+    let worker = env
+        .worker(&[("h", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let base = format!("http://{}", worker.dashboard_addr.unwrap());
+    // Whatever makes the statement slow (a scan of a huge table, a migration's lock), the
+    // time limit stops it: here a lock held by another session.
+    let mut c = env.store.raw().await.unwrap();
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let answered = tokio::time::timeout(
+        Duration::from_secs(30),
+        page(&format!("{base}/jobs?q=matches-nothing")),
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    let (status, html) = answered.expect("the search was not stopped");
+    assert_eq!(status, 503, "{html}");
+    assert!(
+        html.contains("id=\"too-slow\"") && html.contains("pick a queue or a status"),
+        "{html}"
+    );
+    // Without the lock, the same search answers.
+    let (status, html) = page(&format!("{base}/jobs?q=matches-nothing")).await;
+    assert_eq!(status, 200, "{html}");
+    assert!(html.contains("no jobs match"), "{html}");
     worker.shutdown().await;
 }

@@ -883,6 +883,17 @@ fn probes_and_the_prestop_hook_reach_the_ops_port() {
                 "{}: the hook must go to the pod IP",
                 r.dir
             );
+            // A GET drains only with this header (any other GET is refused with 405).
+            let headers = get["httpHeaders"].as_array().cloned().unwrap_or_default();
+            assert!(
+                headers
+                    .iter()
+                    .any(|h| h["name"] == "X-Jobwarden-Drain" && h["value"] == "preStop"),
+                "{}: {}'s preStop must send X-Jobwarden-Drain: preStop, or the worker answers \
+                 405 and never drains: {headers:?}",
+                r.dir,
+                app["name"]
+            );
             assert_eq!(
                 port_number(app, &get["port"]),
                 Some(OPS_PORT),

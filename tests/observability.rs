@@ -1,5 +1,9 @@
 //! What operators and Kubernetes see: `/metrics` parsed with a Prometheus text parser while
 //! jobs flow, and the probes (`/livez`, `/readyz`) through a PostgreSQL outage and a drain.
+//! And what a busy or careless neighbour can do to the ports: the drain only by POST (or the
+//! preStop hook's header), never from another site; half-sent requests cut off, bodies
+//! bounded; scrapes that cost at most one depth reading per interval; a flood of unserved
+//! subjects that costs a bounded amount per janitor round.
 
 mod common;
 
@@ -179,7 +183,12 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
         run_sum >= 20.0 * 0.005,
         "20 runs of 5 ms sum to {run_sum} s"
     );
-    // Depth from PostgreSQL: nothing waits, the dead job counts.
+    // Depth from PostgreSQL (read at most every 5 s: wait for a reading after the dead
+    // job): nothing waits, the dead job counts.
+    let dead = [("queue", "flaky"), ("status", "dead")];
+    let (read, after) =
+        scrape_until(addr, 20, |s| value(s, "jobwarden_queue_jobs", &dead) == 1.0).await;
+    assert!(read, "the depth never showed the dead job");
     assert_eq!(
         value(
             &after,
@@ -243,6 +252,17 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
     worker.shutdown().await;
 }
 
+/// `GET /v1/drain` as the manifests' preStop hook sends it (`httpGet.httpHeaders`).
+async fn drain_prestop(addr: std::net::SocketAddr) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .get(format!("http://{addr}/v1/drain"))
+        .header("X-Jobwarden-Drain", "preStop")
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     match reqwest::get(format!("http://{addr}{path}")).await {
         Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
@@ -298,8 +318,8 @@ async fn readiness_turns_503_during_a_postgres_outage_and_on_drain_liveness_neve
         .await
         .unwrap();
     assert_eq!(on_ops.status(), 404);
-    // Drain as a Kubernetes preStop hook does it: a GET on the ops port.
-    let (status, body) = get(ops, "/v1/drain").await;
+    // Drain as a Kubernetes preStop hook does it: a GET with its header on the ops port.
+    let (status, body) = drain_prestop(ops).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
     assert_eq!(get(ops, "/livez").await.0, 200);
@@ -318,7 +338,7 @@ async fn a_prestop_drain_on_the_ops_port_answers_only_when_the_running_job_is_do
     env.publish_raw("held", json!({"id": "d-1", "payload": {}}).to_string())
         .await;
     assert!(env.wait_status("d-1", "processing", 10).await);
-    let drain = tokio::spawn(async move { get(ops, "/v1/drain").await });
+    let drain = tokio::spawn(async move { drain_prestop(ops).await });
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
         !drain.is_finished(),
@@ -384,4 +404,496 @@ async fn workers_lists_each_worker_with_heartbeat_age_and_jobs_in_flight() {
         .find(|l| l.starts_with(&id))
         .unwrap_or_else(|| panic!("{all}"));
     assert!(line.ends_with("stopped (shutdown)"), "{line}");
+}
+
+/// Sends `head` on a new connection and returns how the server ended it: `Ok(bytes answered)`
+/// once it closed the connection, `Err` if it was still open after `limit`.
+async fn send_and_wait_close(
+    addr: std::net::SocketAddr,
+    head: &[u8],
+    limit: Duration,
+) -> Result<Vec<u8>, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(head).await.unwrap();
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    match tokio::time::timeout(limit, read).await {
+        Ok(()) => Ok(got),
+        Err(_) => Err(format!(
+            "still open after {limit:?}; answered so far: {}",
+            String::from_utf8_lossy(&got)
+        )),
+    }
+}
+
+#[tokio::test]
+async fn a_drain_changes_state_only_by_post_or_the_prestop_header_and_never_cross_site() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"ok\" }\n").await;
+    let worker = env
+        .worker(&[("ok", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let ops = worker.ops_addr.unwrap();
+    let http = reqwest::Client::new();
+    for addr in [ops, worker.api_addr] {
+        // A link, an <img>, a crawler: told to POST, nothing drained.
+        let r = http
+            .get(format!("http://{addr}/v1/drain"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "GET /v1/drain on {addr}");
+        assert_eq!(r.headers()["allow"], "POST");
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains("POST /v1/drain") && body.contains("X-Jobwarden-Drain: preStop"),
+            "{body}"
+        );
+        // A page on another site POSTing (a form), or one that sets the header through
+        // fetch (a browser sends Origin with both), is refused.
+        for (name, value) in [
+            ("Origin", "https://evil.example"),
+            ("Sec-Fetch-Site", "cross-site"),
+            ("Sec-Fetch-Site", "same-site"),
+        ] {
+            let r = http
+                .post(format!("http://{addr}/v1/drain"))
+                .header(name, value)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 403, "{name}: {value} on {addr}");
+            let body = r.text().await.unwrap();
+            assert!(body.contains("another site"), "{body}");
+            let r = http
+                .get(format!("http://{addr}/v1/drain"))
+                .header("X-Jobwarden-Drain", "preStop")
+                .header(name, value)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                403,
+                "preStop GET with {name}: {value} on {addr}"
+            );
+        }
+        let r = http
+            .get(format!("http://{addr}/v1/drain"))
+            .header("X-Jobwarden-Drain", "yes please")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "a wrong header value drains nothing");
+    }
+    assert_eq!(get(ops, "/readyz").await, (200, "ready".to_string()));
+    // The worker still takes jobs.
+    env.enqueue_id("work", "after-refusals", json!({}))
+        .await
+        .unwrap();
+    assert!(env.wait_status("after-refusals", "completed", 10).await);
+
+    // A program's POST drains.
+    let r = http
+        .post(format!("http://{}/v1/drain", worker.api_addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn half_sent_requests_are_cut_off_and_oversized_bodies_refused_on_every_listener() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"ok\" }\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"ports-test-admin-token-0123\"\n",
+    )
+    .await;
+    let worker = env
+        .worker(&[("ok", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let listeners = [
+        ("local API", worker.api_addr),
+        ("ops", worker.ops_addr.unwrap()),
+        ("dashboard", worker.dashboard_addr.unwrap()),
+    ];
+    // Half a header line, then nothing: each listener closes the connection (the timeout
+    // is 10 s; a minute is the generous bound, not a measurement).
+    let half_sent = listeners.map(|(name, addr)| async move {
+        let end = send_and_wait_close(
+            addr,
+            b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaa",
+            Duration::from_secs(60),
+        )
+        .await;
+        (name, end)
+    });
+    for (name, end) in futures::future::join_all(half_sent).await {
+        let answered = end.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            !String::from_utf8_lossy(&answered).contains("200 OK"),
+            "{name} answered a request it never fully received"
+        );
+    }
+    // A request head over the size limit: 431, closed.
+    let big = format!(
+        "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(64 * 1024)
+    );
+    for (name, addr) in listeners {
+        let answered = send_and_wait_close(addr, big.as_bytes(), Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = String::from_utf8_lossy(&answered);
+        assert!(text.starts_with("HTTP/1.1 431"), "{name}: {text}");
+    }
+
+    // An oversized progress report: 413 naming the limit, before the body is read.
+    let http = reqwest::Client::new();
+    let api = worker.api_addr;
+    let r = http
+        .post(format!("http://{api}/v1/jobs/x/progress?lease=1"))
+        .body(vec![b' '; 32 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("over 16384 bytes"), "{body}");
+    // A body announced and then not sent: 408 (10 s; the bound is generous).
+    let answered = send_and_wait_close(
+        api,
+        b"POST /v1/jobs/x/progress?lease=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&answered);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    // A dashboard form over its limit: 413 too.
+    let dash = worker.dashboard_addr.unwrap();
+    let r = http
+        .post(format!("http://{dash}/login"))
+        .body(format!("token={}", "a".repeat(100 * 1024)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+
+    // Every listener still answers, and the worker still works.
+    for (name, addr) in listeners {
+        let path = if name == "dashboard" {
+            "/workers"
+        } else {
+            "/livez"
+        };
+        assert_eq!(get(addr, path).await.0, 200, "{name}");
+    }
+    env.enqueue_id("work", "after-the-neighbour", json!({}))
+        .await
+        .unwrap();
+    assert!(
+        env.wait_status("after-the-neighbour", "completed", 10)
+            .await
+    );
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_drained_on_request_and_never_stopped_exits_after_drained_exit_after() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"ok\" }\n").await;
+    let mut config = env.config.clone();
+    config.worker.drained_exit_after = Duration::from_secs(1);
+    let worker = env
+        .worker_with(config, &[("ok", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let ops = worker.ops_addr.unwrap();
+    let (status, _) = drain_prestop(ops).await;
+    assert_eq!(status, 200);
+    // No stop signal ever comes: the worker ends by itself (1 s; a minute is the bound).
+    let ended = tokio::time::timeout(
+        Duration::from_secs(60),
+        worker.run_until(std::future::pending()),
+    )
+    .await;
+    assert!(ended.is_ok(), "a drained worker kept running");
+}
+
+#[tokio::test]
+async fn the_jobwarden_process_exits_0_when_drained_and_never_stopped() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"http\", url = \"http://127.0.0.1:9/jobs\" }\n",
+    )
+    .await;
+    let mut config = env.config.clone();
+    let ops: std::net::SocketAddr = format!("127.0.0.1:{}", common::testkit::free_port())
+        .parse()
+        .unwrap();
+    config.worker.ops_listen = ops.to_string();
+    config.worker.drained_exit_after = Duration::from_secs(2);
+    let log = std::env::temp_dir().join(common::testkit::unique_name("drained-exit.log"));
+    let mut child = common::ChildWorker::spawn_logged(&config, "pod-d", &log);
+    let (status, body) = get_until(ops, "/readyz", 200, 60).await;
+    assert_eq!(status, 200, "{body}");
+    let r = reqwest::Client::new()
+        .post(format!("http://{ops}/v1/drain"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(get(ops, "/livez").await.0, 200, "alive while drained");
+    let code = child.wait_exit(Duration::from_secs(60)).await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("no stop signal came within worker.drained_exit_after"),
+        "{text}"
+    );
+}
+
+/// JetStream API requests the server has answered so far (its monitoring port's `/jsz`).
+async fn js_api_requests(monitor: u16) -> u64 {
+    let v: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{monitor}/jsz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["api"]["total"].as_u64().expect("jsz api.total")
+}
+
+#[tokio::test]
+async fn scrapes_in_a_row_cost_at_most_one_depth_reading_per_interval() {
+    let monitor = common::testkit::free_port();
+    let env = TestEnv::with_nats_conf(
+        &format!("http_port: {monitor}\n"),
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"wait\" }\n\
+         [queues.other]\nhandler = { kind = \"rust\", name = \"wait\" }\n",
+    )
+    .await;
+    let (wait, gate) = gated();
+    let worker = env.worker(&[("wait", wait)]).await;
+    let addr = worker.ops_addr.unwrap();
+    for i in 0..3 {
+        env.enqueue_id("work", &format!("d-{i}"), json!({}))
+            .await
+            .unwrap();
+    }
+    assert!(env.wait_count("processing", 3, 10).await);
+    // Let the depth shown catch up with the three jobs (at most one interval).
+    let (caught_up, _) = scrape_until(addr, 20, |s| {
+        value(
+            s,
+            "jobwarden_queue_jobs",
+            &[("queue", "work"), ("status", "processing")],
+        ) == 3.0
+    })
+    .await;
+    assert!(caught_up, "the depth never showed the 3 running jobs");
+    let refreshes = |s: &Scrape| value(s, "jobwarden_queue_depth_refreshes_total", &[]);
+    let first = scrape(addr).await;
+    let api_before = js_api_requests(monitor).await;
+    let started = std::time::Instant::now();
+    let mut last = first.clone();
+    for _ in 0..50 {
+        last = scrape(addr).await;
+    }
+    let elapsed = started.elapsed();
+    let api_after = js_api_requests(monitor).await;
+    let readings = refreshes(&last) - refreshes(&first);
+    // One reading per started interval at most (the bound follows the measured time, so a
+    // slow machine only allows more).
+    let allowed = (elapsed.as_secs_f64() / 5.0).floor() + 1.0;
+    assert!(
+        readings <= allowed,
+        "{readings} depth readings for 50 scrapes in {elapsed:?} (at most {allowed})"
+    );
+    // Counted by the server itself: before, each scrape cost three requests per lane (22
+    // lanes here), over 3,000 for these 50 scrapes. Now each reading costs two (the stream,
+    // its consumer listing); the rest is the worker's own background work.
+    let api = api_after - api_before;
+    assert!(
+        api <= 2 * readings as u64 + 40,
+        "{api} JetStream API requests during 50 scrapes ({readings} readings)"
+    );
+    // The depths are still there.
+    assert_eq!(
+        value(
+            &last,
+            "jobwarden_queue_jobs",
+            &[("queue", "work"), ("status", "processing")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &last,
+            "jobwarden_queue_unacked_messages",
+            &[("queue", "work")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &last,
+            "jobwarden_queue_pending_messages",
+            &[("queue", "other")]
+        ),
+        0.0
+    );
+    assert!(has(&last, "jobwarden_queue_depth_age_seconds"));
+    gate.add_permits(3);
+    worker.shutdown().await;
+}
+
+/// Publishes one message on each of `n` distinct subjects no queue serves
+/// (`jobs.flood-000` …), and `emial` messages on `jobs.emial` (a typo).
+async fn flood(env: &TestEnv, n: usize, emial: usize) {
+    let mut acks = Vec::new();
+    for i in 0..n {
+        acks.push(
+            env.broker
+                .js
+                .publish(
+                    format!("jobs.flood-{i:03}"),
+                    format!("{{\"n\":{i}}}").into(),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    for i in 0..emial {
+        acks.push(
+            env.broker
+                .js
+                .publish("jobs.emial", format!("{{\"typo\":{i}}}").into())
+                .await
+                .unwrap(),
+        );
+    }
+    for ack in acks {
+        ack.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_flood_of_distinct_unserved_subjects_costs_a_bounded_amount_per_round() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"http\", url = \"http://127.0.0.1:9/jobs\" }\n",
+    )
+    .await;
+    flood(&env, 500, 7).await;
+    let mut config = env.config.clone();
+    let ops: std::net::SocketAddr = format!("127.0.0.1:{}", common::testkit::free_port())
+        .parse()
+        .unwrap();
+    config.worker.ops_listen = ops.to_string();
+    // One janitor round (1 s after start) within the test.
+    config.worker.sweep_every = Duration::from_secs(120);
+    let log = std::env::temp_dir().join(common::testkit::unique_name("unserved.log"));
+    let _child = common::ChildWorker::spawn_logged(&config, "pod-u", &log);
+    let (status, body) = get_until(ops, "/readyz", 200, 60).await;
+    assert_eq!(status, 200, "{body}");
+    let (seen, s) = scrape_until(ops, 60, |s| {
+        value(s, "jobwarden_unserved_subjects", &[]) == 501.0
+    })
+    .await;
+    assert!(seen, "the janitor never counted 501 unserved subjects");
+    // Every waiting message is counted, in at most 10 named queues and one (other).
+    let series: Vec<&Sample> = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == "jobwarden_unserved_messages")
+        .collect();
+    assert!(series.len() <= 11, "{} unserved series", series.len());
+    let sum: f64 = series
+        .iter()
+        .map(|x| value(&s, &x.metric, &[("queue", x.labels.get("queue").unwrap())]))
+        .sum();
+    assert_eq!(sum, 507.0);
+    assert_eq!(
+        value(&s, "jobwarden_unserved_messages", &[("queue", "emial")]),
+        7.0
+    );
+    assert_eq!(
+        value(&s, "jobwarden_unserved_messages", &[("queue", "(other)")]),
+        491.0
+    );
+    // Only the subjects with the most messages were read and recorded (one stream read
+    // each); the biggest first.
+    assert!(
+        wait_for_rows(&env, "SELECT count(*) FROM unserved_subjects", 100).await,
+        "unserved_subjects rows: {}",
+        env.scalar("SELECT count(*) FROM unserved_subjects").await
+    );
+    assert_eq!(
+        env.scalar("SELECT messages FROM unserved_subjects WHERE subject = 'jobs.emial'")
+            .await,
+        7
+    );
+    // One summary line for the round, not one per subject.
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("jobs.flood")).collect();
+    assert!(
+        lines.len() <= 1,
+        "{} log lines name flood subjects:\n{text}",
+        lines.len()
+    );
+    assert!(
+        text.contains("messages wait on subjects no worker serves")
+            && text.contains("jobs.emial (7)"),
+        "{text}"
+    );
+}
+
+async fn wait_for_rows(env: &TestEnv, sql: &str, n: i64) -> bool {
+    common::wait_for(Duration::from_secs(20), || async {
+        env.scalar(sql).await == n
+    })
+    .await
+}
+
+#[tokio::test]
+async fn every_flooded_unserved_subject_is_dead_lettered_in_bounded_rounds() {
+    let env = TestEnv::new(
+        "sweep_every = \"300ms\"\nunserved_grace = \"1s\"\n\
+         [queues.work]\nhandler = { kind = \"rust\", name = \"ok\" }\n",
+    )
+    .await;
+    flood(&env, 250, 0).await;
+    let worker = env
+        .worker(&[("ok", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    // 100 subjects a round: every one is reached, none is starved by the cap.
+    let all = common::wait_for(Duration::from_secs(60), || async {
+        env.scalar("SELECT count(*) FROM jobs WHERE status = 'dead' AND queue LIKE 'flood-%'")
+            .await
+            == 250
+    })
+    .await;
+    assert!(
+        all,
+        "dead-lettered: {}",
+        env.scalar("SELECT count(*) FROM jobs WHERE status = 'dead'")
+            .await
+    );
+    assert_eq!(common::stat(&worker.stats.unserved_dead_lettered), 250);
+    let (_, s) = scrape_until(worker.ops_addr.unwrap(), 10, |s| {
+        value(s, "jobwarden_unserved_subjects", &[]) == 0.0
+    })
+    .await;
+    assert_eq!(value(&s, "jobwarden_unserved_subjects", &[]), 0.0);
+    worker.shutdown().await;
 }

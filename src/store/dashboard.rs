@@ -1,7 +1,35 @@
-//! The dashboard's queries: every one bounded by a page size and read through an index.
+//! The dashboard's queries: every list is a page (a size and the previous page's last key),
+//! read through an index, and runs under [`DASHBOARD_QUERY_LIMIT`]: a statement that would
+//! take longer (a text search in ids and errors that matches nothing walks the whole table;
+//! a lock held by a migration) is stopped and said to be too slow, never waited for.
 
-use super::{Result, Store};
+use super::{AttemptRow, PipelineJob, Result, Store, StoreError, WorkerRow};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
+use std::time::Duration;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+/// Longest one dashboard statement may run (`SET LOCAL statement_timeout`).
+pub const DASHBOARD_QUERY_LIMIT: Duration = Duration::from_secs(3);
+
+/// What a time-limited dashboard query gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Bounded<T> {
+    Done(T),
+    /// Stopped at [`DASHBOARD_QUERY_LIMIT`].
+    TooSlow,
+}
+
+impl<T> Bounded<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Bounded<U> {
+        match self {
+            Bounded::Done(t) => Bounded::Done(f(t)),
+            Bounded::TooSlow => Bounded::TooSlow,
+        }
+    }
+}
 
 /// One queue on the overview.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -61,6 +89,8 @@ pub struct ScheduledJob {
     pub last_error: Option<String>,
     pub due_at: String,
     pub due_in_seconds: f64,
+    /// The due time in microseconds since the epoch (with the id, the next page's key).
+    pub due_us: i64,
 }
 
 /// What a jobs page shows.
@@ -75,76 +105,243 @@ pub struct JobFilter {
 }
 
 impl Store {
-    pub async fn dashboard_overview(&self) -> Result<Vec<QueueOverview>> {
-        let c = self.ops().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/dashboard_overview.sql"))
+    /// Runs one operator statement under [`DASHBOARD_QUERY_LIMIT`], planned for these values
+    /// (an unnamed statement: a cached one turns generic after a few runs, and a generic plan
+    /// cannot use the partial index of the status asked for).
+    async fn bounded_query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Bounded<Vec<Row>>> {
+        let mut c = self.ops().await?;
+        let tx = c.transaction().await?;
+        tx.batch_execute(&format!(
+            "SET LOCAL statement_timeout = {}",
+            DASHBOARD_QUERY_LIMIT.as_millis()
+        ))
+        .await?;
+        match tx.query(sql, params).await {
+            Ok(rows) => {
+                tx.commit().await?;
+                Ok(Bounded::Done(rows))
+            }
+            // Dropping the transaction rolls it back.
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(Bounded::TooSlow),
+            Err(e) => Err(StoreError::Db(e)),
+        }
+    }
+
+    /// One page of queues (in name order after `after`) for the overview.
+    pub async fn dashboard_overview(
+        &self,
+        after: &str,
+        limit: i64,
+    ) -> Result<Bounded<Vec<QueueOverview>>> {
+        let rows = self
+            .bounded_query(
+                include_str!("sql/dashboard_overview.sql"),
+                &[&after, &limit],
+            )
             .await?;
-        Ok(c.query(&st, &[])
-            .await?
-            .into_iter()
-            .map(|r| QueueOverview {
-                queue: r.get(0),
-                queued: r.get(1),
-                scheduled: r.get(2),
-                running: r.get(3),
-                dead: r.get(4),
-                oldest_queued_seconds: r.get(5),
-                completed_1m: r.get(6),
-                failed_1m: r.get(7),
-                p50_run_seconds: r.get(8),
-                p95_run_seconds: r.get(9),
-            })
-            .collect())
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| QueueOverview {
+                    queue: r.get(0),
+                    queued: r.get(1),
+                    scheduled: r.get(2),
+                    running: r.get(3),
+                    dead: r.get(4),
+                    oldest_queued_seconds: r.get(5),
+                    completed_1m: r.get(6),
+                    failed_1m: r.get(7),
+                    p50_run_seconds: r.get(8),
+                    p95_run_seconds: r.get(9),
+                })
+                .collect()
+        }))
     }
 
     /// One page of jobs matching `f`, in id order.
-    pub async fn dashboard_jobs(&self, f: &JobFilter, limit: i64) -> Result<Vec<JobSummary>> {
-        let c = self.ops().await?;
-        // An unnamed statement, planned for these values each time: a cached one turns
-        // generic after a few runs, and a generic plan cannot use the partial index of the
-        // status asked for (`/dead` would walk the whole primary key).
+    pub async fn dashboard_jobs(
+        &self,
+        f: &JobFilter,
+        limit: i64,
+    ) -> Result<Bounded<Vec<JobSummary>>> {
         let after = f.after.clone().unwrap_or_default();
-        let rows = c
-            .query(
+        let rows = self
+            .bounded_query(
                 include_str!("sql/dashboard_jobs.sql"),
                 &[&f.queue, &f.status, &f.text, &after, &limit],
             )
             .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| JobSummary {
-                id: r.get(0),
-                queue: r.get(1),
-                status: r.get(2),
-                priority: r.get(3),
-                attempts: r.get(4),
-                max_attempts: r.get(5),
-                worker_id: r.get(6),
-                last_error: r.get(7),
-                updated_at: r.get(8),
-            })
-            .collect())
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| JobSummary {
+                    id: r.get(0),
+                    queue: r.get(1),
+                    status: r.get(2),
+                    priority: r.get(3),
+                    attempts: r.get(4),
+                    max_attempts: r.get(5),
+                    worker_id: r.get(6),
+                    last_error: r.get(7),
+                    updated_at: r.get(8),
+                })
+                .collect()
+        }))
     }
 
-    /// Scheduled jobs, soonest first.
-    pub async fn dashboard_scheduled(&self, limit: i64) -> Result<Vec<ScheduledJob>> {
-        let c = self.ops().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/dashboard_scheduled.sql"))
+    /// Scheduled jobs, soonest first, after the key `(due_us, id)` of the previous page.
+    pub async fn dashboard_scheduled(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> Result<Bounded<Vec<ScheduledJob>>> {
+        let (us, id) = (after.map(|a| a.0), after.map_or("", |a| a.1));
+        let rows = self
+            .bounded_query(
+                include_str!("sql/dashboard_scheduled.sql"),
+                &[&us, &id, &limit],
+            )
             .await?;
-        Ok(c.query(&st, &[&limit])
-            .await?
-            .into_iter()
-            .map(|r| ScheduledJob {
-                id: r.get(0),
-                queue: r.get(1),
-                attempts: r.get(2),
-                max_attempts: r.get(3),
-                last_error: r.get(4),
-                due_at: r.get(5),
-                due_in_seconds: r.get(6),
-            })
-            .collect())
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| ScheduledJob {
+                    id: r.get(0),
+                    queue: r.get(1),
+                    attempts: r.get(2),
+                    max_attempts: r.get(3),
+                    last_error: r.get(4),
+                    due_at: r.get(5),
+                    due_in_seconds: r.get(6),
+                    due_us: r.get(7),
+                })
+                .collect()
+        }))
+    }
+
+    /// One page of the running workers, in id order after `after`.
+    pub async fn dashboard_workers(
+        &self,
+        after: &str,
+        limit: i64,
+    ) -> Result<Bounded<Vec<WorkerRow>>> {
+        let rows = self
+            .bounded_query(include_str!("sql/dashboard_workers.sql"), &[&after, &limit])
+            .await?;
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| WorkerRow {
+                    id: r.get(0),
+                    hostname: r.get(1),
+                    pid: r.get(2),
+                    version: r.get(3),
+                    up_seconds: r.get(4),
+                    heartbeat_age_seconds: r.get(5),
+                    dead_after_ms: r.get(6),
+                    stopped_seconds_ago: r.get(7),
+                    stop_reason: r.get(8),
+                    in_flight: r.get(9),
+                })
+                .collect()
+        }))
+    }
+
+    /// One page of a job's attempts in the order they were recorded, after the attempt row
+    /// `after` (0: the first page); each with its row's id (the next page's key).
+    pub async fn dashboard_attempts(
+        &self,
+        job_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Bounded<Vec<(i64, AttemptRow)>>> {
+        let rows = self
+            .bounded_query(
+                include_str!("sql/dashboard_attempts.sql"),
+                &[&job_id, &after, &limit],
+            )
+            .await?;
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| {
+                    (
+                        r.get(0),
+                        AttemptRow {
+                            attempt: r.get(1),
+                            lease: r.get(2),
+                            worker_id: r.get(3),
+                            started_at: r.get(4),
+                            duration_ms: r.get(5),
+                            outcome: r.get(6),
+                            error: r.get(7),
+                        },
+                    )
+                })
+                .collect()
+        }))
+    }
+
+    /// One page of the pipeline of job `id`, oldest first, after the key `(created_us, id)`
+    /// of the previous page; each with its creation time in microseconds (the next key).
+    pub async fn dashboard_pipeline(
+        &self,
+        id: &str,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> Result<Bounded<Vec<(i64, PipelineJob)>>> {
+        let (us, after_id) = (after.map(|a| a.0), after.map_or("", |a| a.1));
+        let rows = self
+            .bounded_query(
+                include_str!("sql/dashboard_pipeline.sql"),
+                &[&id, &us, &after_id, &limit],
+            )
+            .await?;
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| {
+                    (
+                        r.get(10),
+                        PipelineJob {
+                            id: r.get(0),
+                            queue: r.get(1),
+                            status: r.get(2),
+                            attempts: r.get(3),
+                            max_attempts: r.get(4),
+                            last_error: r.get(5),
+                            parents: r.get(6),
+                            pending_then: r.get(7),
+                            created_at: r.get(8),
+                            completed_at: r.get(9),
+                        },
+                    )
+                })
+                .collect()
+        }))
+    }
+
+    /// How many jobs of the pipeline of job `id` are in each status.
+    pub async fn dashboard_pipeline_counts(&self, id: &str) -> Result<Bounded<Vec<(String, i64)>>> {
+        let rows = self
+            .bounded_query(include_str!("sql/dashboard_pipeline_counts.sql"), &[&id])
+            .await?;
+        Ok(rows.map(|rows| rows.into_iter().map(|r| (r.get(0), r.get(1))).collect()))
+    }
+
+    /// When the named cron schedules last fired.
+    pub async fn dashboard_cron_fires(
+        &self,
+        names: &[&str],
+    ) -> Result<Bounded<Vec<(String, DateTime<Utc>)>>> {
+        let rows = self
+            .bounded_query(include_str!("sql/dashboard_cron_fires.sql"), &[&names])
+            .await?;
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .filter_map(|r| {
+                    let ms: i64 = r.get(1);
+                    DateTime::from_timestamp_millis(ms).map(|t| (r.get(0), t))
+                })
+                .collect()
+        }))
     }
 }

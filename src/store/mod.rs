@@ -16,7 +16,9 @@ mod messages;
 mod ops;
 pub mod tls;
 pub use chain::{format_pipeline, ChainRound, PipelineJob};
-pub use dashboard::{JobFilter, JobSummary, QueueOverview, ScheduledJob};
+pub use dashboard::{
+    Bounded, JobFilter, JobSummary, QueueOverview, ScheduledJob, DASHBOARD_QUERY_LIMIT,
+};
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Reclaimed, Registration};
@@ -696,6 +698,26 @@ pub const ALL_SQL: &[(&str, &str)] = &[
         include_str!("sql/dashboard_overview.sql"),
     ),
     ("dashboard_jobs", include_str!("sql/dashboard_jobs.sql")),
+    (
+        "dashboard_workers",
+        include_str!("sql/dashboard_workers.sql"),
+    ),
+    (
+        "dashboard_attempts",
+        include_str!("sql/dashboard_attempts.sql"),
+    ),
+    (
+        "dashboard_pipeline",
+        include_str!("sql/dashboard_pipeline.sql"),
+    ),
+    (
+        "dashboard_pipeline_counts",
+        include_str!("sql/dashboard_pipeline_counts.sql"),
+    ),
+    (
+        "dashboard_cron_fires",
+        include_str!("sql/dashboard_cron_fires.sql"),
+    ),
     (
         "dashboard_scheduled",
         include_str!("sql/dashboard_scheduled.sql"),

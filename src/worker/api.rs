@@ -6,14 +6,18 @@
 //!   alive. `200` recorded; `404` that attempt does not run here (any more); `409` taken from
 //!   this worker (stop work); `400` malformed body or no lease. A report from an attempt that
 //!   was stopped never counts for a later attempt of the same job.
-//! - `POST /v1/drain` — stop taking jobs, let running ones finish within
-//!   `worker.shutdown_grace`, give back the rest; answers when done with
-//!   `{"finished": n, "released": m}`. The process keeps running (for a Kubernetes `preStop`
-//!   hook on the application container, so jobs stop before the application does).
-//! - `GET /v1/drain` — the same, on the ops listener too: a Kubernetes `preStop` hook can only
-//!   make a GET, and the kubelet reaches the pod's address, not its loopback. Anyone who can
-//!   reach the ops port can drain the worker: keep it inside the cluster (a NetworkPolicy in
-//!   `k8s/`); a drained worker takes no jobs until it restarts, and loses none.
+//! - `POST /v1/drain` (here and on the ops listener) — stop taking jobs, let running ones
+//!   finish within `worker.shutdown_grace`, give back the rest; answers when done with
+//!   `{"finished": n, "released": m}`. The process keeps running, for a stop signal that
+//!   should follow; if none comes within `worker.drained_exit_after` it exits (status 0) so
+//!   the orchestrator starts it again, serving. A browser's request from another site is
+//!   refused (`403`): a web page cannot drain a worker.
+//! - `GET /v1/drain` — `405` with `Allow: POST`, unless it carries `X-Jobwarden-Drain:
+//!   preStop`: a Kubernetes `preStop` hook can only make a GET (its `httpGet` has headers but
+//!   no method), and it reaches the pod's address, hence the ops listener. A browser cannot
+//!   send a custom header to another site without a CORS preflight, which nothing here
+//!   approves, so an `<img>` or a link cannot drain a worker. Anyone who can reach the ops
+//!   port can still drain it: keep the port inside the cluster (a NetworkPolicy in `k8s/`).
 //! - `GET /livez` (and `/healthz`, its older name) — the process is alive (liveness: never
 //!   checks the servers, so an outage of either never restarts every pod).
 //! - `GET /readyz` — PostgreSQL answers with the schema this build needs, NATS is connected,
@@ -22,19 +26,29 @@
 //! - `GET /metrics` — Prometheus metrics (see [`super::metrics`]).
 //!
 //! The ops listener (`worker.ops_listen`, reachable from outside the pod) serves the probes,
-//! the metrics and `GET /v1/drain`; progress reports stay on the local address.
+//! the metrics and the drain; progress reports stay on the local address. Every listener
+//! has the limits of [`super::listener`]; a progress report's body is at most
+//! [`PROGRESS_BODY_LIMIT`] bytes.
 
+use super::listener::{self, LimitedBody, NotCrossSite};
 use super::Shared;
 use crate::handler::Progress;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::info;
+
+/// The largest progress report accepted (progress, stage and message fit in far less).
+pub(crate) const PROGRESS_BODY_LIMIT: usize = 16 * 1024;
+
+/// The header (and its value) that lets a `GET /v1/drain` drain: what a Kubernetes `preStop`
+/// hook sends (`httpGet.httpHeaders`). Header names are case-insensitive.
+pub(crate) const DRAIN_HEADER: (&str, &str) = ("X-Jobwarden-Drain", "preStop");
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
@@ -44,29 +58,17 @@ pub(crate) async fn serve(
     let app = ops_routes()
         .route("/v1/jobs/{id}/progress", post(progress))
         .with_state(shared);
-    let shutdown = async move { cancel.cancelled().await };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        warn!(cause = %e, "local API stopped");
-    }
+    listener::serve("local API", listener, app, cancel).await;
 }
 
-/// Metrics and probes, on their own listener.
+/// Metrics, probes and the drain, on their own listener.
 pub(crate) async fn serve_ops(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     cancel: CancellationToken,
 ) {
     let app = ops_routes().with_state(shared);
-    let shutdown = async move { cancel.cancelled().await };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        warn!(cause = %e, "metrics and probes listener stopped");
-    }
+    listener::serve("metrics and probes", listener, app, cancel).await;
 }
 
 fn ops_routes() -> Router<Arc<Shared>> {
@@ -75,7 +77,7 @@ fn ops_routes() -> Router<Arc<Shared>> {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .route("/v1/drain", get(drain).post(drain))
+        .route("/v1/drain", get(drain_get).post(drain))
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
@@ -98,7 +100,7 @@ async fn progress(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<String>,
     Query(attempt): Query<AttemptQuery>,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<PROGRESS_BODY_LIMIT>,
 ) -> impl IntoResponse {
     let Some(lease) = attempt.lease else {
         return (
@@ -140,9 +142,32 @@ async fn progress(
     }
 }
 
-async fn drain(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+/// `POST /v1/drain` (and the `preStop` hook's GET): drains, answers when done, and arms the
+/// drained exit (see [`Shared::drained`](super::Shared)).
+async fn drain(_: NotCrossSite, State(shared): State<Arc<Shared>>) -> Response {
+    info!("drain requested");
     let report = shared.drain(shared.config.worker.shutdown_grace).await;
-    Json(json!({"finished": report.finished, "released": report.released}))
+    shared.drained.cancel();
+    Json(json!({"finished": report.finished, "released": report.released})).into_response()
+}
+
+/// `GET /v1/drain`: drains only for the `preStop` hook's header; anything else (a link, an
+/// `<img>`, a crawler) is told to POST.
+async fn drain_get(site: NotCrossSite, state: State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let (name, value) = DRAIN_HEADER;
+    if headers.get(name).and_then(|v| v.to_str().ok()) == Some(value) {
+        return drain(site, state).await;
+    }
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "POST")],
+        format!(
+            "a drain changes state: send POST /v1/drain (curl -X POST …), or, from a \
+             Kubernetes preStop httpGet hook (which can only GET), add the header \
+             {name}: {value}"
+        ),
+    )
+        .into_response()
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

@@ -1,5 +1,9 @@
 //! The web dashboard (`[dashboard] listen`): server-rendered pages over the same tables the
-//! CLI reads, every list paged and read through an index, assets inline (no CDN).
+//! CLI reads, every list a page of at most 50 rows with a link to the next (queues, jobs,
+//! dead letters, workers, scheduled jobs, cron schedules, a job's attempts, a pipeline), read
+//! through an index and stopped at [`DASHBOARD_QUERY_LIMIT`] (a text search that matches
+//! nothing would walk the whole table: the page says so and how to narrow it), assets inline
+//! (no CDN). Served by [`super::listener`], forms at most 64 KiB.
 //!
 //! - `/` overview per queue, refreshed every 2 s from `/fragments/overview`;
 //! - `/jobs` filter by queue, status and text in the id or last error; `/job?id=` a job with
@@ -10,8 +14,11 @@
 //! Read-only unless `dashboard.admin_token` is set and the visitor gave it (`POST /login`
 //! sets an HttpOnly, SameSite=Strict cookie; API clients may send `Authorization: Bearer`).
 
+use super::listener::{cross_site, LimitedBody};
 use super::Shared;
-use crate::store::{JobFilter, JobSummary, QueueOverview};
+use crate::store::{
+    Bounded, JobFilter, JobSummary, QueueOverview, StoreError, DASHBOARD_QUERY_LIMIT,
+};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -24,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 const PAGE: i64 = 50;
+/// The largest form accepted (a dead-letter page's 50 selected ids fit with room to spare).
+const FORM_BODY_LIMIT: usize = 64 * 1024;
 const COOKIE: &str = "jobwarden_admin";
 
 pub(crate) async fn serve(
@@ -48,13 +57,7 @@ pub(crate) async fn serve(
         .route("/login", post(login))
         .route("/logout", post(logout))
         .with_state(shared);
-    let shutdown = async move { cancel.cancelled().await };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        warn!(cause = %e, "dashboard stopped");
-    }
+    super::listener::serve("dashboard", listener, app, cancel).await;
 }
 
 /// Escapes text for HTML content and attribute values.
@@ -240,6 +243,51 @@ fn failed(e: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
+/// The page for a list PostgreSQL stopped at the time limit (a text search that matches
+/// nothing walks the whole table).
+fn too_slow(shared: &Shared, headers: &HeaderMap, nav: &str, title: &str) -> Response {
+    let body = format!(
+        "<div class=\"msg\" id=\"too-slow\">This list took longer than {} s to read and was \
+         stopped. Narrow it: pick a queue or a status, or search for a longer text.</div>",
+        DASHBOARD_QUERY_LIMIT.as_secs()
+    );
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        page(shared, headers, nav, title, &body),
+    )
+        .into_response()
+}
+
+/// A page's rows, or the response to send instead (PostgreSQL failed, or was too slow).
+fn rows_of<T>(
+    shared: &Shared,
+    headers: &HeaderMap,
+    nav: &str,
+    title: &str,
+    read: Result<Bounded<T>, StoreError>,
+) -> Result<T, Box<Response>> {
+    match read {
+        Ok(Bounded::Done(rows)) => Ok(rows),
+        Ok(Bounded::TooSlow) => Err(Box::new(too_slow(shared, headers, nav, title))),
+        Err(e) => Err(Box::new(failed(e))),
+    }
+}
+
+/// A `<us>:<id>` page key (a time in microseconds since the epoch, and an id).
+fn time_key(p: &HashMap<String, String>, name: &str) -> Option<(i64, String)> {
+    let (us, id) = p.get(name)?.split_once(':')?;
+    Some((us.parse().ok()?, id.to_string()))
+}
+
+/// The link to the next page of a list: shown when this page is full.
+fn more_link(id: &str, full: bool, href: &str, label: &str) -> String {
+    if full {
+        format!("<p><a id=\"{id}\" href=\"{}\">{label} →</a></p>", esc(href))
+    } else {
+        String::new()
+    }
+}
+
 fn overview_rows(rows: &[QueueOverview]) -> String {
     let mut out = String::new();
     if rows.is_empty() {
@@ -283,29 +331,45 @@ fn overview_rows(rows: &[QueueOverview]) -> String {
     out
 }
 
-async fn overview(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let rows = match shared.store.dashboard_overview().await {
+async fn overview(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let after = p.get("after").cloned().unwrap_or_default();
+    let read = shared.store.dashboard_overview(&after, PAGE).await;
+    let rows = match rows_of(&shared, &headers, "overview", "Queues", read) {
         Ok(r) => r,
-        Err(e) => return failed(e),
+        Err(refused) => return *refused,
     };
+    let next = rows
+        .last()
+        .map(|r| format!("/?after={}", q(&r.queue)))
+        .unwrap_or_default();
     let body = format!(
         "<table id=\"overview\"><thead><tr><th>queue</th><th class=\"n\">queued</th>\
          <th class=\"n\">scheduled</th><th class=\"n\">running</th>\
          <th class=\"n\">throughput (last min)</th><th class=\"n\">failure rate</th>\
          <th class=\"n\">p50 run</th><th class=\"n\">p95 run</th><th class=\"n\">dead</th>\
-         <th class=\"n\">oldest waiting</th></tr></thead><tbody>{}</tbody></table>\
+         <th class=\"n\">oldest waiting</th></tr></thead><tbody>{}</tbody></table>{}\
          <p class=\"muted\" id=\"updated\">updated live every 2 s</p>\
-         <script>setInterval(async()=>{{try{{const r=await fetch('/fragments/overview');\
+         <script>setInterval(async()=>{{try{{const r=await fetch('/fragments/overview'+location.search);\
          if(r.ok){{document.querySelector('#overview tbody').innerHTML=await r.text();\
          document.getElementById('updated').textContent='updated '+new Date().toLocaleTimeString();}}}}catch(e){{}}}},2000);</script>",
-        overview_rows(&rows)
+        overview_rows(&rows),
+        more_link("next", rows.len() as i64 >= PAGE, &next, &format!("next {PAGE} queues"))
     );
     page(&shared, &headers, "overview", "Queues", &body).into_response()
 }
 
-async fn overview_fragment(State(shared): State<Arc<Shared>>) -> Response {
-    match shared.store.dashboard_overview().await {
-        Ok(rows) => Html(overview_rows(&rows)).into_response(),
+async fn overview_fragment(
+    State(shared): State<Arc<Shared>>,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let after = p.get("after").cloned().unwrap_or_default();
+    match shared.store.dashboard_overview(&after, PAGE).await {
+        Ok(Bounded::Done(rows)) => Html(overview_rows(&rows)).into_response(),
+        Ok(Bounded::TooSlow) => (StatusCode::SERVICE_UNAVAILABLE, "too slow").into_response(),
         Err(e) => failed(e),
     }
 }
@@ -389,9 +453,10 @@ async fn jobs(
     Query(p): Query<HashMap<String, String>>,
 ) -> Response {
     let f = filter_of(&p);
-    let rows = match shared.store.dashboard_jobs(&f, PAGE).await {
+    let read = shared.store.dashboard_jobs(&f, PAGE).await;
+    let rows = match rows_of(&shared, &headers, "jobs", "Jobs", read) {
         Ok(r) => r,
-        Err(e) => return failed(e),
+        Err(refused) => return *refused,
     };
     let mut queues: Vec<&String> = shared.config.queues.keys().collect();
     queues.sort();
@@ -453,21 +518,33 @@ async fn job(
     };
     // A part PostgreSQL did not answer is said to be missing, never shown as empty.
     let mut missing: Vec<String> = Vec::new();
-    let mut note = |what: &str, e: crate::store::StoreError| {
+    let mut note = |what: &str, e: &dyn std::fmt::Display| {
         warn!(job.id = %id, cause = %e, "dashboard: could not read the job's {what}");
         missing.push(format!("{what}: {e}"));
     };
-    let attempts = store.job_attempts(&id).await.unwrap_or_else(|e| {
-        note("attempts", e);
-        Vec::new()
-    });
+    let attempts_after: i64 = p
+        .get("attempts_after")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
+    let attempts = match store.dashboard_attempts(&id, attempts_after, PAGE).await {
+        Ok(Bounded::Done(a)) => a,
+        Ok(Bounded::TooSlow) => {
+            let why = format!("not read within {} s", DASHBOARD_QUERY_LIMIT.as_secs());
+            note("attempts", &why);
+            Vec::new()
+        }
+        Err(e) => {
+            note("attempts", &e);
+            Vec::new()
+        }
+    };
     let waiting = store.job_explain(&id).await.unwrap_or_else(|e| {
-        note("wait", e);
+        note("wait", &e);
         None
     });
     let owner = match &j.worker_id {
         Some(w) => store.worker(w).await.unwrap_or_else(|e| {
-            note("owner", e);
+            note("owner", &e);
             None
         }),
         None => None,
@@ -574,10 +651,11 @@ async fn job(
         "<h2>Attempts</h2><table id=\"attempts\"><thead><tr><th class=\"n\">#</th><th class=\"n\">lease</th>\
          <th>worker</th><th>started (UTC)</th><th class=\"n\">took</th><th>outcome</th><th>error</th></tr></thead><tbody>"
     );
-    for a in &attempts {
+    for (_, a) in &attempts {
         let _ = write!(
             b,
-            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
+            "<tr data-id=\"{}\"><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
+            a.attempt,
             a.attempt,
             a.lease,
             esc(a.worker_id.as_deref().unwrap_or("")),
@@ -591,6 +669,16 @@ async fn job(
         b.push_str("<tr><td colspan=\"7\" class=\"muted\">no attempt finished yet</td></tr>");
     }
     b.push_str("</tbody></table>");
+    let next = attempts
+        .last()
+        .map(|(key, _)| format!("/job?id={}&attempts_after={key}", q(&id)))
+        .unwrap_or_default();
+    b.push_str(&more_link(
+        "next-attempts",
+        attempts.len() as i64 >= PAGE,
+        &next,
+        &format!("next {PAGE} attempts"),
+    ));
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     let _ = write!(
         b,
@@ -615,11 +703,22 @@ async fn pipeline(
     Query(p): Query<HashMap<String, String>>,
 ) -> Response {
     let id = p.get("id").cloned().unwrap_or_default();
-    let jobs = match shared.store.pipeline_jobs(&id).await {
-        Ok(j) => j,
-        Err(e) => return failed(e),
+    let after = time_key(&p, "after");
+    let title = format!("Pipeline of {id}");
+    let read = shared
+        .store
+        .dashboard_pipeline(&id, after.as_ref().map(|(us, a)| (*us, a.as_str())), PAGE)
+        .await;
+    let page_rows = match rows_of(&shared, &headers, "jobs", &title, read) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
     };
-    if jobs.is_empty() {
+    let read = shared.store.dashboard_pipeline_counts(&id).await;
+    let counts = match rows_of(&shared, &headers, "jobs", &title, read) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
+    };
+    if counts.is_empty() {
         let body = format!("<p>No job has the id <code>{}</code>.</p>", esc(&id));
         return (
             StatusCode::NOT_FOUND,
@@ -627,19 +726,16 @@ async fn pipeline(
         )
             .into_response();
     }
+    let jobs: Vec<&crate::store::PipelineJob> = page_rows.iter().map(|(_, j)| j).collect();
     let mut b = flash(&p);
-    let mut by_status: std::collections::BTreeMap<&str, usize> = Default::default();
-    for j in &jobs {
-        *by_status.entry(j.status.as_str()).or_default() += 1;
-    }
-    let summary: Vec<String> = by_status
+    let total: i64 = counts.iter().map(|(_, n)| n).sum();
+    let summary: Vec<String> = counts
         .iter()
         .map(|(s, n)| format!("{n} {}", status_badge(s)))
         .collect();
     let _ = write!(
         b,
-        "<p id=\"pipeline-summary\">{} jobs: {}</p>",
-        jobs.len(),
+        "<p id=\"pipeline-summary\">{total} jobs: {}</p>",
         summary.join(", ")
     );
     b.push_str(
@@ -678,9 +774,25 @@ async fn pipeline(
         );
     }
     b.push_str("</tbody></table>");
-    let unfinished = jobs.iter().any(|j| {
+    let next = page_rows
+        .last()
+        .map(|(us, j)| {
+            format!(
+                "/pipeline?id={}&after={}",
+                q(&id),
+                q(&format!("{us}:{}", j.id))
+            )
+        })
+        .unwrap_or_default();
+    b.push_str(&more_link(
+        "next",
+        page_rows.len() as i64 >= PAGE,
+        &next,
+        &format!("next {PAGE} jobs of the pipeline"),
+    ));
+    let unfinished = counts.iter().any(|(status, _)| {
         matches!(
-            j.status.as_str(),
+            status.as_str(),
             "waiting" | "queued" | "scheduled" | "processing"
         )
     });
@@ -693,13 +805,13 @@ async fn pipeline(
             esc(&id)
         );
     }
-    page(&shared, &headers, "jobs", &format!("Pipeline of {id}"), &b).into_response()
+    page(&shared, &headers, "jobs", &title, &b).into_response()
 }
 
 async fn pipeline_cancel(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     if let Some(refused) = refuse(&shared, &headers) {
         return refused;
@@ -726,9 +838,10 @@ async fn dead(
 ) -> Response {
     let mut f = filter_of(&p);
     f.status = Some("dead".into());
-    let rows = match shared.store.dashboard_jobs(&f, PAGE).await {
+    let read = shared.store.dashboard_jobs(&f, PAGE).await;
+    let rows = match rows_of(&shared, &headers, "dead", "Dead letters", read) {
         Ok(r) => r,
-        Err(e) => return failed(e),
+        Err(refused) => return *refused,
     };
     let admin = is_admin(&shared, &headers);
     let queue = f.queue.clone().unwrap_or_default();
@@ -769,10 +882,16 @@ async fn dead(
     page(&shared, &headers, "dead", "Dead letters", &b).into_response()
 }
 
-async fn workers(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let rows = match shared.store.workers(false, 500).await {
+async fn workers(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let after = p.get("after").cloned().unwrap_or_default();
+    let read = shared.store.dashboard_workers(&after, PAGE).await;
+    let rows = match rows_of(&shared, &headers, "workers", "Workers", read) {
         Ok(r) => r,
-        Err(e) => return failed(e),
+        Err(refused) => return *refused,
     };
     let mut b = String::from(
         "<table id=\"workers\"><thead><tr><th>worker</th><th>host</th><th class=\"n\">pid</th><th>version</th>\
@@ -799,13 +918,32 @@ async fn workers(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respo
         b.push_str("<tr><td colspan=\"8\" class=\"muted\">no worker is running</td></tr>");
     }
     b.push_str("</tbody></table>");
+    let next = rows
+        .last()
+        .map(|w| format!("/workers?after={}", q(&w.id)))
+        .unwrap_or_default();
+    b.push_str(&more_link(
+        "next",
+        rows.len() as i64 >= PAGE,
+        &next,
+        &format!("next {PAGE} workers"),
+    ));
     page(&shared, &headers, "workers", "Workers", &b).into_response()
 }
 
-async fn scheduled(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let rows = match shared.store.dashboard_scheduled(100).await {
+async fn scheduled(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let after = time_key(&p, "after");
+    let read = shared
+        .store
+        .dashboard_scheduled(after.as_ref().map(|(us, id)| (*us, id.as_str())), PAGE)
+        .await;
+    let rows = match rows_of(&shared, &headers, "scheduled", "Scheduled", read) {
         Ok(r) => r,
-        Err(e) => return failed(e),
+        Err(refused) => return *refused,
     };
     let mut b = String::from(
         "<table id=\"scheduled\"><thead><tr><th>id</th><th>queue</th><th>due (UTC)</th><th class=\"n\">due in</th>\
@@ -833,21 +971,47 @@ async fn scheduled(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
     if rows.is_empty() {
         b.push_str("<tr><td colspan=\"6\" class=\"muted\">nothing scheduled</td></tr>");
     }
-    b.push_str("</tbody></table><h2>Cron schedules</h2>");
-    let last: HashMap<String, String> = shared
-        .store
-        .cron_last_fires()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(n, t)| (n, t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
+    b.push_str("</tbody></table>");
+    let cron_after = p.get("cron_after").cloned().unwrap_or_default();
+    let next = rows
+        .last()
+        .map(|s| {
+            format!(
+                "/scheduled?after={}&cron_after={}",
+                q(&format!("{}:{}", s.due_us, s.id)),
+                q(&cron_after)
+            )
+        })
+        .unwrap_or_default();
+    b.push_str(&more_link(
+        "next",
+        rows.len() as i64 >= PAGE,
+        &next,
+        &format!("next {PAGE} scheduled jobs"),
+    ));
+    // Cron schedules come from the configuration (a BTreeMap: in name order), a page at a
+    // time too; their last fires are read for the page's names only.
+    let crons: Vec<(&String, &crate::cron::CronConfig)> = shared
+        .config
+        .cron
+        .iter()
+        .filter(|(name, _)| name.as_str() > cron_after.as_str())
+        .take(PAGE as usize)
         .collect();
+    let names: Vec<&str> = crons.iter().map(|(n, _)| n.as_str()).collect();
+    let last: HashMap<String, String> = match shared.store.dashboard_cron_fires(&names).await {
+        Ok(Bounded::Done(fires)) => fires
+            .into_iter()
+            .map(|(n, t)| (n, t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
+            .collect(),
+        Ok(Bounded::TooSlow) | Err(_) => HashMap::new(),
+    };
     b.push_str(
-        "<table id=\"cron\"><thead><tr><th>name</th><th>schedule</th><th>time zone</th><th>queue</th>\
+        "<h2>Cron schedules</h2><table id=\"cron\"><thead><tr><th>name</th><th>schedule</th><th>time zone</th><th>queue</th>\
          <th>last fire (UTC)</th><th>next fires (UTC)</th></tr></thead><tbody>",
     );
     let now = chrono::Utc::now();
-    for (name, c) in &shared.config.cron {
+    for (name, c) in &crons {
         let next = crate::cron::Schedule::new(name, c)
             .map(|s| {
                 s.next_fires(now, 3)
@@ -863,15 +1027,25 @@ async fn scheduled(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
             esc(&c.schedule),
             esc(&c.timezone),
             esc(&c.queue),
-            esc(last.get(name).map(String::as_str).unwrap_or("never")),
+            esc(last.get(name.as_str()).map(String::as_str).unwrap_or("never")),
             esc(&next),
             n = esc(name),
         );
     }
-    if shared.config.cron.is_empty() {
+    if crons.is_empty() {
         b.push_str("<tr><td colspan=\"6\" class=\"muted\">no cron schedule configured</td></tr>");
     }
     b.push_str("</tbody></table>");
+    let next_cron = crons
+        .last()
+        .map(|(n, _)| format!("/scheduled?cron_after={}", q(n)))
+        .unwrap_or_default();
+    b.push_str(&more_link(
+        "next-cron",
+        crons.len() as i64 >= PAGE,
+        &next_cron,
+        &format!("next {PAGE} cron schedules"),
+    ));
     page(&shared, &headers, "scheduled", "Scheduled", &b).into_response()
 }
 
@@ -910,31 +1084,17 @@ fn refuse(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
         };
         return Some((StatusCode::FORBIDDEN, why).into_response());
     }
-    if !same_origin(headers) {
-        warn!("dashboard: an action from another origin was refused");
+    if let Some(why) = cross_site(headers) {
+        warn!(%why, "dashboard: an action from another site was refused");
         return Some(
             (
                 StatusCode::FORBIDDEN,
-                "refused: the request came from another origin",
+                format!("refused: the request came from another site ({why})"),
             )
                 .into_response(),
         );
     }
     None
-}
-
-/// A browser's request from this dashboard's own pages (`Sec-Fetch-Site`, else `Origin`
-/// against `Host`); a request with neither (curl, scripts with the bearer token) passes.
-fn same_origin(headers: &HeaderMap) -> bool {
-    let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
-    if let Some(site) = get("sec-fetch-site") {
-        return site == "same-origin" || site == "none";
-    }
-    match (get("origin"), get("host")) {
-        (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) == Some(host),
-        (Some(_), None) => false,
-        (None, _) => true,
-    }
 }
 
 /// The job a job form names, and the page to go back to.
@@ -948,7 +1108,7 @@ fn job_target(body: &[u8]) -> (String, String) {
 async fn job_retry(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     if let Some(refused) = refuse(&shared, &headers) {
         return refused;
@@ -971,7 +1131,7 @@ async fn job_retry(
 async fn job_cancel(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     if let Some(refused) = refuse(&shared, &headers) {
         return refused;
@@ -1050,7 +1210,7 @@ async fn dead_action(
 async fn dead_retry(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     dead_action(shared, headers, &body, false).await
 }
@@ -1058,12 +1218,15 @@ async fn dead_retry(
 async fn dead_discard(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
 ) -> Response {
     dead_action(shared, headers, &body, true).await
 }
 
-async fn login(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+async fn login(
+    State(shared): State<Arc<Shared>>,
+    LimitedBody(body): LimitedBody<FORM_BODY_LIMIT>,
+) -> Response {
     let f = form(&body);
     let given = field(&f, "token").unwrap_or("");
     match shared.config.dashboard.admin_token.as_deref() {

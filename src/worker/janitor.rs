@@ -13,6 +13,16 @@
 //! filter matching it, so a queue that only newer pods serve during a rolling deploy is left
 //! alone. The janitor reads the stream directly (`STREAM.MSG.GET`) and creates no consumer,
 //! so it can never stand in the way of a pod provisioning a queue's consumer.
+//!
+//! A flood of messages on distinct subjects (a producer that puts an id in the subject, a
+//! fuzzer) costs a bounded amount per round, whatever its size: the subject listing (one
+//! request, its counts for free) is cut at [`LISTED_SUBJECTS`]; only the
+//! [`SUBJECTS_PER_ROUND`] subjects with the most messages are read, recorded and
+//! dead-lettered when due (the others wait for a later round: the grace counts from when a
+//! message was stored, so they are dead-lettered as soon as their turn comes); at most
+//! [`ROUND_LIMIT`] messages are dead-lettered per round; the log gets one summary line per
+//! round, and `/metrics` one series per queue for the [`METRIC_QUEUES`] queues with the most
+//! waiting messages plus one `other` series.
 
 use super::outage::{Outage, LOG_EVERY};
 use super::producer::invalid_payload;
@@ -20,7 +30,7 @@ use super::{Shared, Stats};
 use crate::broker::StoredMessage;
 use crate::job::{self, MessageOrigin};
 use crate::store::ClaimInput;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,20 +38,71 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Most messages dead-lettered from one subject per round.
+/// Most messages dead-lettered per round (every subject together).
 const ROUND_LIMIT: usize = 1000;
+/// Most unserved subjects read (their oldest message), recorded in `unserved_subjects` and
+/// dead-lettered per round: the ones with the most messages.
+pub(crate) const SUBJECTS_PER_ROUND: usize = 100;
+/// Most subjects taken from the stream's subject listing per round.
+pub(crate) const LISTED_SUBJECTS: usize = 10_000;
+/// Queues named in `jobwarden_unserved_messages`; the rest add up in `queue="other"`.
+pub(crate) const METRIC_QUEUES: usize = 10;
+/// Subjects named in the round's summary log line.
+const LOGGED_SUBJECTS: usize = 5;
+
+/// What the janitor last saw waiting on subjects no worker serves, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct UnservedView(std::sync::Mutex<UnservedSummary>);
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct UnservedSummary {
+    /// Distinct subjects with waiting messages (of those listed).
+    pub subjects: u64,
+    /// Waiting messages of the [`METRIC_QUEUES`] queues with the most, most first.
+    pub top_queues: Vec<(String, u64)>,
+    /// Waiting messages of every other queue.
+    pub other: u64,
+}
+
+impl UnservedView {
+    pub fn get(&self) -> UnservedSummary {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, s: UnservedSummary) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+}
+
+/// Waiting messages by queue: the `top` queues with the most (ties by name), and the sum of
+/// the rest.
+fn summarize(prefix: &str, unserved: &[(String, usize)], top: usize) -> UnservedSummary {
+    let mut by_queue: HashMap<String, u64> = HashMap::new();
+    for (subject, count) in unserved {
+        *by_queue.entry(queue_of(prefix, subject).0).or_default() += *count as u64;
+    }
+    let mut queues: Vec<(String, u64)> = by_queue.into_iter().collect();
+    queues.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let other = queues.iter().skip(top).map(|q| q.1).sum();
+    queues.truncate(top);
+    UnservedSummary {
+        subjects: unserved.len() as u64,
+        top_queues: queues,
+        other,
+    }
+}
 
 pub(crate) struct Janitor {
     shared: Arc<Shared>,
-    /// When each waiting subject was last mentioned in the log.
-    logged: HashMap<String, Instant>,
+    /// When the last summary line was logged.
+    logged: Option<Instant>,
 }
 
 impl Janitor {
     pub fn new(shared: Arc<Shared>) -> Janitor {
         Janitor {
             shared,
-            logged: HashMap::new(),
+            logged: None,
         }
     }
 
@@ -66,7 +127,8 @@ impl Janitor {
     }
 
     /// One round: records what waits on unserved subjects and dead-letters what waited
-    /// longer than the grace. Returns how many messages were dead-lettered.
+    /// longer than the grace, within the bounds above. Returns how many messages were
+    /// dead-lettered.
     pub async fn run_once(&mut self) -> Result<usize, String> {
         let shared = self.shared.clone();
         let broker = &shared.broker;
@@ -77,6 +139,7 @@ impl Janitor {
                 .info_with_subjects(format!("{prefix}.>"))
                 .await
                 .map_err(|e| e.to_string())?
+                .take(LISTED_SUBJECTS)
                 .try_collect::<Vec<(String, usize)>>()
                 .await
                 .map_err(|e| e.to_string())
@@ -84,6 +147,7 @@ impl Janitor {
         let subjects = crate::broker::bounded("stream subjects", listing)
             .await
             .map_err(|e| e.to_string())?;
+        let listed_all = subjects.len() < LISTED_SUBJECTS;
         let infos = crate::broker::bounded(
             "stream consumers",
             stream.consumers().try_collect::<Vec<_>>(),
@@ -95,16 +159,25 @@ impl Janitor {
             filters.push(c.config.filter_subject.clone());
             filters.extend(c.config.filter_subjects.iter().cloned());
         }
+        let mut unserved: Vec<(String, usize)> = subjects
+            .into_iter()
+            .filter(|(subject, count)| {
+                *count > 0 && !filters.iter().any(|f| subject_matches(f, subject))
+            })
+            .collect();
+        // Most messages first; ties by name, so consecutive rounds look at the same subjects
+        // until they are dead-lettered.
+        unserved.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let summary = summarize(&prefix, &unserved, METRIC_QUEUES);
+        let total: usize = unserved.iter().map(|u| u.1).sum();
         let now = shared.store.db_now().await.map_err(|e| e.to_string())?;
         let grace = shared.config.worker.unserved_grace;
         let mut waiting = Vec::new();
-        let mut recorded = 0;
-        for (subject, count) in subjects {
-            if count == 0 || filters.iter().any(|f| subject_matches(f, &subject)) {
-                continue;
-            }
+        let mut budget = ROUND_LIMIT;
+        let mut dead: Vec<(&str, usize)> = Vec::new();
+        for (subject, count) in unserved.iter().take(SUBJECTS_PER_ROUND) {
             let Some(first) = broker
-                .first_message(&stream, &subject, 1)
+                .first_message(&stream, subject, 1)
                 .await
                 .map_err(|e| e.to_string())?
             else {
@@ -112,29 +185,46 @@ impl Janitor {
             };
             let oldest = stored_at(&first);
             let due = oldest + grace;
-            let (queue, _) = queue_of(&prefix, &subject);
-            waiting.push((subject.clone(), queue.clone(), count as i64, oldest, due));
-            if now >= due {
-                recorded += self.dead_letter(&stream, &subject, now, grace).await?;
-            } else if self
-                .logged
-                .get(&subject)
-                .is_none_or(|t| t.elapsed() >= LOG_EVERY)
-            {
-                self.logged.insert(subject.clone(), Instant::now());
-                let age = now.duration_since(oldest).unwrap_or_default();
-                warn!(%subject, %queue, messages = count, oldest = ?age, grace = ?grace,
-                      "messages wait for a worker serving this queue; they become dead jobs \
-                       (keeping their payload) once the oldest has waited unserved_grace");
+            let (queue, _) = queue_of(&prefix, subject);
+            waiting.push((subject.clone(), queue, *count as i64, oldest, due));
+            if now >= due && budget > 0 {
+                let n = self
+                    .dead_letter(&stream, subject, now, grace, budget)
+                    .await?;
+                budget -= n.min(budget);
+                dead.push((subject, n));
             }
         }
-        self.logged
-            .retain(|s, _| waiting.iter().any(|(w, ..)| w == s));
-        let total: i64 = waiting.iter().map(|w| w.2).sum();
+        let recorded: usize = dead.iter().map(|d| d.1).sum();
+        if recorded > 0 {
+            let named: Vec<String> = dead
+                .iter()
+                .take(LOGGED_SUBJECTS)
+                .map(|(s, n)| format!("{s} ({n})"))
+                .collect();
+            info!(messages = recorded, subjects = dead.len(), first = %named.join(", "),
+                  "dead-lettered messages no worker served within unserved_grace (payload kept)");
+        }
+        if !waiting.is_empty() && self.logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            self.logged = Some(Instant::now());
+            let named: Vec<String> = unserved
+                .iter()
+                .take(LOGGED_SUBJECTS)
+                .map(|(s, n)| format!("{s} ({n})"))
+                .collect();
+            let oldest = waiting.iter().map(|w| w.3).min().unwrap_or(now);
+            let age = now.duration_since(oldest).unwrap_or_default();
+            warn!(subjects = %format!("{}{}", unserved.len(), if listed_all { "" } else { " or more" }),
+                  messages = total, most = %named.join(", "), oldest = ?age, grace = ?grace,
+                  "messages wait on subjects no worker serves; they become dead jobs (keeping \
+                   their payload) once they have waited unserved_grace; configure the queue on \
+                   a worker, or fix the producer's subject (`jobwarden stats` lists them)");
+        }
         shared
             .stats
             .unserved_waiting
-            .store(total.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
+            .store(total as u64, std::sync::atomic::Ordering::Relaxed);
+        shared.unserved.set(summary);
         shared
             .store
             .unserved_record(&waiting)
@@ -143,14 +233,16 @@ impl Janitor {
         Ok(recorded)
     }
 
-    /// Dead-letters the messages of `subject` that waited longer than `grace`, keeping each
-    /// job's own id, payload and settings, then deletes them from the stream.
+    /// Dead-letters the messages of `subject` that waited longer than `grace` (at most
+    /// `limit`), keeping each job's own id, payload and settings, then deletes them from the
+    /// stream. Returns how many messages it took out of the stream.
     async fn dead_letter(
         &self,
         stream: &async_nats::jetstream::stream::Stream,
         subject: &str,
         now: SystemTime,
         grace: Duration,
+        limit: usize,
     ) -> Result<usize, String> {
         let shared = &self.shared;
         let broker = &shared.broker;
@@ -166,7 +258,7 @@ impl Janitor {
         let max_bytes = shared.config.worker.max_payload_bytes;
         let mut messages: Vec<StoredMessage> = Vec::new();
         let mut from = 1;
-        while messages.len() < ROUND_LIMIT {
+        while messages.len() < limit {
             let Some(m) = broker
                 .first_message(stream, subject, from)
                 .await
@@ -290,7 +382,6 @@ impl Janitor {
                 .map_err(|e| e.to_string())?;
         }
         if n > 0 {
-            info!(%subject, %queue, jobs = n, "dead-lettered messages no worker served within unserved_grace (payload kept)");
             for k in &kept {
                 if inserted.contains(&k.job.id) || same.get(&k.job.id) == Some(&true) {
                     shared.announce_dead(&queue, &k.job.id, Some(&reason));
@@ -341,7 +432,22 @@ pub fn subject_matches(filter: &str, subject: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{queue_of, subject_matches};
+    use super::{queue_of, subject_matches, summarize};
+
+    #[test]
+    fn unserved_queues_beyond_the_top_add_up_in_one_sum() {
+        let subjects: Vec<(String, usize)> = vec![
+            ("jobs.emial".into(), 7),
+            ("jobs.emial.3".into(), 2),
+            ("jobs.a".into(), 1),
+            ("jobs.b".into(), 1),
+            ("jobs.c".into(), 3),
+        ];
+        let s = summarize("jobs", &subjects, 2);
+        assert_eq!(s.subjects, 5);
+        assert_eq!(s.top_queues, vec![("emial".into(), 9), ("c".into(), 3)]);
+        assert_eq!(s.other, 2);
+    }
 
     #[test]
     fn matching() {

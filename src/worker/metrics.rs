@@ -2,13 +2,19 @@
 //!
 //! Per-queue counters and histograms are kept as handles in each queue's policy, so the hot
 //! path only bumps an atomic (no label lookup per job). Everything else is read when scraped:
-//! this worker's counters ([`Stats`]), the jobs in flight (the ledger), and the cluster-wide
-//! queue depth (PostgreSQL counts by status, JetStream messages not yet delivered), which is
-//! the same from every pod: aggregate it with `max`, not `sum`. No label carries a job or
-//! worker id, so the series count stays bounded by queues × statuses.
+//! this worker's counters ([`Stats`]) and the jobs in flight (the ledger). The cluster-wide
+//! queue depth (PostgreSQL counts by status, JetStream messages not yet delivered), the same
+//! from every pod (aggregate it with `max`, not `sum`), is read at most every
+//! [`DEPTH_REFRESH`] by [`DepthCache`], off the claim pool. No label carries a job id, worker
+//! id or subject, so the series count stays bounded by queues × statuses (unserved subjects:
+//! the top [`super::janitor::METRIC_QUEUES`] queues and one [`OTHER`] series).
 
+use super::janitor::UnservedSummary;
+use super::outage::Outage;
 use super::{Shared, Stats};
-use crate::broker::{Lane, BROKER_CALL_LIMIT};
+use crate::broker::Lane;
+use crate::store::Store;
+use futures::TryStreamExt;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,7 +23,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The media type of what [`render`] writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -188,6 +195,7 @@ pub(crate) async fn render(shared: &Shared) -> String {
         in_flight,
     );
     register_stats(&mut r, &shared.stats);
+    register_unserved(&mut r, &shared.unserved.get());
     register_depth(&mut r, shared).await;
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &r).expect("writing to a String");
@@ -270,100 +278,233 @@ fn register_stats(r: &mut Registry, s: &Stats) {
     ] {
         r.register(name, help, counter(Stats::get(c)));
     }
+}
+
+/// The `queue` label of unserved messages outside the top queues (no queue can be named so).
+pub(crate) const OTHER: &str = "(other)";
+
+/// What waits on subjects no worker serves, as this worker's janitor last counted: by queue
+/// for the queues with the most, the rest as `queue="(other)"`, so a flood of distinct subjects
+/// never becomes a flood of series.
+fn register_unserved(r: &mut Registry, u: &UnservedSummary) {
+    let by_queue = Family::<QueueLabel, Gauge>::default();
+    for (queue, n) in &u.top_queues {
+        by_queue
+            .get_or_create(&QueueLabel {
+                queue: queue.clone(),
+            })
+            .set(*n as i64);
+    }
+    if u.other > 0 {
+        by_queue
+            .get_or_create(&QueueLabel {
+                queue: OTHER.into(),
+            })
+            .set(u.other as i64);
+    }
     r.register(
         "unserved_messages",
-        "Messages waiting on subjects no worker serves, as this worker's janitor last counted",
-        gauge(Stats::get(&s.unserved_waiting) as i64),
+        "Messages waiting on subjects no worker serves, by queue, as this worker's janitor last counted (the 10 queues with the most; the rest add up in queue=\"(other)\")",
+        by_queue,
     );
+    r.register(
+        "unserved_subjects",
+        "Distinct subjects with messages no worker serves, as this worker's janitor last counted",
+        gauge(u.subjects as i64),
+    );
+}
+
+/// How often `/metrics` reads the queue depths at most, however often it is scraped.
+pub(crate) const DEPTH_REFRESH: Duration = Duration::from_secs(5);
+
+/// The queue depths `/metrics` shows, read at most every [`DEPTH_REFRESH`] on a PostgreSQL
+/// pool of their own (never the claim pool: a scraper, or several, must not take connections
+/// the producers claim with) and with one consumer listing from JetStream. Scrapes in between
+/// are served the last reading; scrapes that arrive during a reading wait for it and share it.
+pub(crate) struct DepthCache {
+    /// One connection of its own.
+    store: Store,
+    last: tokio::sync::Mutex<DepthState>,
+    /// Readings made (each one SQL statement and one consumer listing).
+    refreshes: AtomicU64,
+}
+
+#[derive(Default)]
+struct DepthState {
+    reading: Option<Depth>,
+    pg: Option<Outage>,
+    nats: Option<Outage>,
+}
+
+/// One reading of the queue depths.
+#[derive(Clone)]
+struct Depth {
+    at: Instant,
+    /// (queue, status, jobs); `None`: PostgreSQL did not answer.
+    jobs: Option<Vec<(String, String, i64)>>,
+    /// Per served queue, (pending, unacked) messages over all its lanes; `None`: NATS did not
+    /// answer.
+    messages: Option<HashMap<String, (u64, u64)>>,
+}
+
+impl DepthCache {
+    pub fn new(store: Store) -> DepthCache {
+        DepthCache {
+            store,
+            last: tokio::sync::Mutex::new(DepthState::default()),
+            refreshes: AtomicU64::new(0),
+        }
+    }
+
+    /// The last reading, read again first if it is older than [`DEPTH_REFRESH`].
+    async fn get(&self, shared: &Shared) -> Depth {
+        let mut last = self.last.lock().await;
+        if let Some(d) = last.reading.as_ref() {
+            if d.at.elapsed() < DEPTH_REFRESH {
+                return d.clone();
+            }
+        }
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
+        let (jobs, messages) = tokio::join!(self.read_jobs(), read_messages(shared));
+        let pg = last
+            .pg
+            .get_or_insert_with(|| Outage::new("metrics: queue depth from PostgreSQL"));
+        let jobs = match jobs {
+            Ok(rows) => {
+                pg.ok();
+                Some(rows)
+            }
+            Err(e) => {
+                pg.failed(&e);
+                None
+            }
+        };
+        let nats = last
+            .nats
+            .get_or_insert_with(|| Outage::new("metrics: queue depth from JetStream"));
+        let messages = match messages {
+            Ok(m) => {
+                nats.ok();
+                Some(m)
+            }
+            Err(e) => {
+                nats.failed(&e);
+                None
+            }
+        };
+        let d = Depth {
+            at: Instant::now(),
+            jobs,
+            messages,
+        };
+        last.reading = Some(d.clone());
+        d
+    }
+
+    async fn read_jobs(&self) -> Result<Vec<(String, String, i64)>, String> {
+        match tokio::time::timeout(Duration::from_secs(5), self.store.depth()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 5 s".into()),
+        }
+    }
+}
+
+/// Pending and unacked messages of every served queue (all its lanes), from one listing of
+/// the stream's consumers (a page per 256 consumers) instead of an info call per lane.
+async fn read_messages(shared: &Shared) -> Result<HashMap<String, (u64, u64)>, String> {
+    let lanes: HashMap<String, &str> = shared
+        .queues
+        .keys()
+        .flat_map(|q| {
+            Lane::all(q)
+                .into_iter()
+                .map(move |l| (l.consumer_name(), q.as_str()))
+        })
+        .collect();
+    let stream = shared.broker.stream().await.map_err(|e| e.to_string())?;
+    let infos = crate::broker::bounded(
+        "stream consumers",
+        stream.consumers().try_collect::<Vec<_>>(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut out: HashMap<String, (u64, u64)> =
+        shared.queues.keys().map(|q| (q.clone(), (0, 0))).collect();
+    for info in infos {
+        if let Some(q) = lanes.get(&info.name) {
+            let sums = out.entry(q.to_string()).or_default();
+            sums.0 += info.num_pending;
+            sums.1 += info.num_ack_pending as u64;
+        }
+    }
+    Ok(out)
 }
 
 /// Queue depth, the same from every pod: jobs by queue and status in PostgreSQL (all
 /// queues), and for the queues this worker serves the JetStream messages not yet delivered
 /// and delivered but unacked (jobs published by plain NATS clients have no row until a worker
-/// claims them, so this is the depth to autoscale on).
+/// claims them, so this is the depth to autoscale on). From [`DepthCache`]: at most
+/// [`DEPTH_REFRESH`] old.
 async fn register_depth(r: &mut Registry, shared: &Shared) {
+    let cache = &shared.depth;
+    let depth = cache.get(shared).await;
+    let pg_up = depth.jobs.is_some();
     let up = Family::<Source, Gauge>::default();
     let source = |s: &str| Source {
         source: s.to_string(),
     };
-    let by_status = Family::<QueueStatus, Gauge>::default();
-    match tokio::time::timeout(Duration::from_secs(5), shared.store.depth()).await {
-        Ok(Ok(rows)) => {
-            for q in shared.queues.keys() {
-                for status in ["queued", "scheduled", "processing", "dead"] {
-                    by_status
-                        .get_or_create(&QueueStatus {
-                            queue: q.clone(),
-                            status: status.to_string(),
-                        })
-                        .set(0);
-                }
-            }
-            for (queue, status, n) in rows {
+    if let Some(rows) = depth.jobs {
+        let by_status = Family::<QueueStatus, Gauge>::default();
+        for q in shared.queues.keys() {
+            for status in ["queued", "scheduled", "processing", "dead"] {
                 by_status
-                    .get_or_create(&QueueStatus { queue, status })
-                    .set(n);
-            }
-            r.register(
-                "queue_jobs",
-                "Jobs in PostgreSQL by queue and status (queued, scheduled, processing, dead), cluster-wide",
-                by_status,
-            );
-            up.get_or_create(&source("postgres")).set(1);
-        }
-        Ok(Err(e)) => tracing::warn!(cause = %e, "metrics: queue depth not read from PostgreSQL"),
-        Err(_) => tracing::warn!("metrics: queue depth not read from PostgreSQL within 5 s"),
-    }
-    let pending = Family::<QueueLabel, Gauge>::default();
-    let unacked = Family::<QueueLabel, Gauge>::default();
-    let infos = futures::future::join_all(shared.queues.keys().map(|q| async move {
-        let mut sums: Option<(u64, usize)> = Some((0, 0));
-        for lane in Lane::all(q) {
-            let info = async {
-                let mut c = shared.broker.consumer(&lane).await.ok()?;
-                c.info()
-                    .await
-                    .ok()
-                    .map(|i| (i.num_pending, i.num_ack_pending))
-            };
-            match tokio::time::timeout(BROKER_CALL_LIMIT, info).await {
-                Ok(Some((p, a))) => {
-                    if let Some(s) = sums.as_mut() {
-                        s.0 += p;
-                        s.1 += a;
-                    }
-                }
-                _ => sums = None,
-            }
-            if sums.is_none() {
-                break;
+                    .get_or_create(&QueueStatus {
+                        queue: q.clone(),
+                        status: status.to_string(),
+                    })
+                    .set(0);
             }
         }
-        (q.clone(), sums)
-    }))
-    .await;
-    let mut any = false;
-    let asked = infos.len();
-    let totals: HashMap<String, (u64, usize)> = infos
-        .into_iter()
-        .filter_map(|(q, s)| s.map(|s| (q, s)))
-        .collect();
-    let totals_len = totals.len();
-    for (queue, (p, a)) in totals {
-        any = true;
-        let q = QueueLabel { queue };
-        pending.get_or_create(&q).set(p as i64);
-        unacked.get_or_create(&q).set(a as i64);
+        for (queue, status, n) in rows {
+            by_status
+                .get_or_create(&QueueStatus { queue, status })
+                .set(n);
+        }
+        r.register(
+            "queue_jobs",
+            "Jobs in PostgreSQL by queue and status (queued, scheduled, processing, dead), cluster-wide",
+            by_status,
+        );
     }
-    let complete = totals_len == asked;
-    let _ = up.get_or_create(&source("postgres"));
-    up.get_or_create(&source("nats")).set(i64::from(complete));
+    up.get_or_create(&source("postgres")).set(i64::from(pg_up));
+    up.get_or_create(&source("nats"))
+        .set(i64::from(depth.messages.is_some()));
     r.register(
         "queue_depth_up",
-        "1 when this scrape read the queue depth from the source (postgres, nats), 0 when it did not answer (its depth series are then missing)",
+        "1 when the last reading of the queue depth answered from the source (postgres, nats), 0 when it did not (its depth series are then missing)",
         up,
     );
-    if any {
+    let age: Gauge<f64, AtomicU64> = Gauge::default();
+    age.set(depth.at.elapsed().as_secs_f64());
+    r.register_with_unit(
+        "queue_depth_age",
+        "How old the queue depths shown are (they are read at most every 5 s, however often /metrics is scraped)",
+        Unit::Seconds,
+        age,
+    );
+    r.register(
+        "queue_depth_refreshes",
+        "Times this worker read the queue depths for /metrics (one SQL statement and one JetStream consumer listing each)",
+        counter(cache.refreshes.load(Ordering::Relaxed)),
+    );
+    if let Some(messages) = depth.messages {
+        let pending = Family::<QueueLabel, Gauge>::default();
+        let unacked = Family::<QueueLabel, Gauge>::default();
+        for (queue, (p, a)) in messages {
+            let q = QueueLabel { queue };
+            pending.get_or_create(&q).set(p as i64);
+            unacked.get_or_create(&q).set(a as i64);
+        }
         r.register(
             "queue_pending_messages",
             "Messages in JetStream not yet delivered to any worker, by queue (every priority lane), cluster-wide: scale on this",

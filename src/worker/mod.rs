@@ -31,6 +31,7 @@ mod flow;
 mod heartbeat;
 mod janitor;
 mod ledger;
+mod listener;
 mod metrics;
 mod outage;
 mod outbound;
@@ -200,6 +201,13 @@ pub(crate) struct Shared {
     /// A claim found this worker unregistered: the heartbeat registers it again at once.
     pub reregister: Notify,
     pub hostname: String,
+    /// Fired when a drain asked for through the API finished: unless a stop signal comes
+    /// first, the process exits `worker.drained_exit_after` later ([`RunningWorker::run_until`]).
+    pub drained: CancellationToken,
+    /// `/metrics`' queue depths, read at most every few seconds on a connection of their own.
+    pub depth: metrics::DepthCache,
+    /// What the janitor last saw waiting on unserved subjects, for `/metrics`.
+    pub unserved: janitor::UnservedView,
 }
 
 /// What a drain did.
@@ -391,6 +399,13 @@ impl Worker {
             ..config.database.clone()
         };
         let beat_store = retry_connect("PostgreSQL", &cancel, || Store::connect(&beat_db)).await?;
+        // /metrics' queue depths: one connection of their own, never one a claim needs.
+        let depth_db = crate::config::DatabaseConfig {
+            pool_size: 1,
+            ..config.database.clone()
+        };
+        let depth_store =
+            retry_connect("PostgreSQL", &cancel, || Store::connect(&depth_db)).await?;
         info!(target = %store.target(), "PostgreSQL connected ({})", store.tls_line());
         let broker = retry_connect("NATS", &cancel, || Broker::connect(&config.nats)).await?;
         info!("{}", broker.features_line());
@@ -526,6 +541,9 @@ impl Worker {
             fenced: AtomicBool::new(false),
             reregister: Notify::new(),
             hostname: hostname.clone(),
+            drained: CancellationToken::new(),
+            depth: metrics::DepthCache::new(depth_store),
+            unserved: janitor::UnservedView::default(),
         });
         retry_transient("registering this worker", &cancel, || shared.register()).await?;
         // Before taking new work: recover what earlier incarnations of this host left.
@@ -641,12 +659,23 @@ impl RunningWorker {
         self.outbound_task.abort();
     }
 
-    /// Runs until `signal` resolves, then shuts down.
+    /// Runs until `signal` resolves, then shuts down. A drain asked for through the API and
+    /// not followed by a stop within `worker.drained_exit_after` ends it too: a drained worker
+    /// takes no jobs, and its orchestrator (which sees it alive) would never restart it.
     pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
         let cancel = self.cancel.clone();
+        let after = self.shared.config.worker.drained_exit_after;
+        let drained = self.shared.drained.clone();
+        let drained_long = async move {
+            drained.cancelled().await;
+            tokio::time::sleep(after).await;
+        };
         tokio::select! {
             _ = signal => {}
             _ = cancel.cancelled() => {}
+            _ = drained_long => warn!(worker.id = %self.id, drained_exit_after = %crate::config::fmt_dur(after),
+                "drained on request and no stop signal came within worker.drained_exit_after: \
+                 exiting, so the orchestrator starts this worker again, serving"),
         }
         self.shutdown().await;
     }

@@ -1,6 +1,7 @@
 -- The dashboard's overview, one row per queue: jobs waiting, running and dead (each count over
 -- its partial index), the oldest queued job's age, and from the last minute of attempts (BRIN
--- on finished_at) completions, failures and run-time percentiles.
+-- on finished_at) completions, failures and run-time percentiles. A page of queues in name
+-- order after $1 ('' for the first page), $2 of them.
 WITH counts AS (
     SELECT queue, status, count(*)::int8 AS n, max(now() - updated_at) AS oldest
     FROM jobs WHERE status = 'queued' GROUP BY queue, status
@@ -24,6 +25,9 @@ recent AS (
 ),
 queues AS (
     SELECT queue FROM counts UNION SELECT queue FROM recent UNION SELECT queue FROM flow_queues
+),
+page AS (
+    SELECT queue FROM queues WHERE queue > $1 ORDER BY queue LIMIT $2
 )
 SELECT q.queue,
        COALESCE(sum(c.n) FILTER (WHERE c.status = 'queued'), 0)::int8,
@@ -35,7 +39,7 @@ SELECT q.queue,
        COALESCE(max(r.failed), 0)::int8,
        max(r.p50)::float8,
        max(r.p95)::float8
-FROM queues q
+FROM page q
 LEFT JOIN counts c ON c.queue = q.queue
 LEFT JOIN recent r ON r.queue = q.queue
 GROUP BY q.queue
