@@ -117,6 +117,19 @@ pub struct JobContext {
     pub(crate) progress: Arc<dyn ProgressSink>,
 }
 
+/// A job id as one URL path segment: every byte but the unreserved ones (`A-Z a-z 0-9 - . _
+/// ~`) percent-encoded, so the id comes back exactly from the local API's path (a `%`, `\`,
+/// `;` or non-ASCII letter in an id included). The contract refuses `.` and `..`, which URL
+/// parsers collapse even when encoded.
+pub fn path_segment(id: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(id, SEGMENT).to_string()
+}
+
 impl JobContext {
     /// Reports progress: refreshes the job's activity time (fenced by lease) and tells
     /// JetStream the message is still being worked on. `Err` means the job was taken away
@@ -131,7 +144,7 @@ impl JobContext {
         format!(
             "{}/v1/jobs/{}/progress?lease={}",
             self.api_base.trim_end_matches('/'),
-            self.id,
+            path_segment(&self.id),
             self.lease
         )
     }
