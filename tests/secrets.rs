@@ -206,7 +206,9 @@ async fn a_handler_urls_password_stays_out_of_errors_events_logs_and_the_dashboa
     let db_url = db_url_as(&format!("postgres:{PG_SECRET}"));
     let env = TestEnv::with_servers(
         &db_url,
-        &format!("authorization {{ users = [ {{ user: \"worker\", password: \"{NATS_SECRET}\" }} ] }}"),
+        &format!(
+            "authorization {{ users = [ {{ user: \"worker\", password: \"{NATS_SECRET}\" }} ] }}"
+        ),
         &format!("user = \"worker\"\npassword = \"{NATS_SECRET}\"\n"),
         &format!("{file_queues}{}", queue("digits", &digits_url, "")),
     )
@@ -233,7 +235,10 @@ async fn a_handler_urls_password_stays_out_of_errors_events_logs_and_the_dashboa
         ("JOBWARDEN_QUEUES__DIGITS__BACKOFF__KIND", "fixed"),
         ("JOBWARDEN_QUEUES__DIGITS__BACKOFF__BASE", "50ms"),
         ("JOBWARDEN_QUEUES__DIGITS__HANDLER__KIND", "http"),
-        ("JOBWARDEN_QUEUES__DIGITS__HANDLER__URL", digits_url.as_str()),
+        (
+            "JOBWARDEN_QUEUES__DIGITS__HANDLER__URL",
+            digits_url.as_str(),
+        ),
         ("RUST_LOG", "debug"),
     ];
     let mut events = env
@@ -245,8 +250,11 @@ async fn a_handler_urls_password_stays_out_of_errors_events_logs_and_the_dashboa
     env.broker.client.flush().await.unwrap();
     let child = spawn_worker(&dir, &file, &worker_env);
     for q in ["refused", "echo", "hang", "digits"] {
-        env.publish_raw(q, json!({"id": format!("{q}-1"), "payload": {}}).to_string())
-            .await;
+        env.publish_raw(
+            q,
+            json!({"id": format!("{q}-1"), "payload": {}}).to_string(),
+        )
+        .await;
     }
     let all_dead = env.wait_count("dead", 4, 60).await;
     if !all_dead {
@@ -293,8 +301,7 @@ async fn a_handler_urls_password_stays_out_of_errors_events_logs_and_the_dashboa
     // The dead-letter events, one per job.
     let mut received = Vec::new();
     while received.len() < 4 {
-        let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(10), events.next()).await
-        else {
+        let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(10), events.next()).await else {
             break;
         };
         received.push(String::from_utf8_lossy(&m.payload).to_string());
@@ -319,7 +326,12 @@ async fn a_handler_urls_password_stays_out_of_errors_events_logs_and_the_dashboa
         assert!(resp.status().is_success(), "{page}: {}", resp.status());
         let body = resp.text().await.unwrap();
         if page == "/dead" || page.starts_with("/job?") {
-            assert!(body.contains("HTTP 500 from") || body.contains("timed out") || body.contains("request to"), "{page} shows the errors:\n{body}");
+            assert!(
+                body.contains("HTTP 500 from")
+                    || body.contains("timed out")
+                    || body.contains("request to"),
+                "{page} shows the errors:\n{body}"
+            );
         }
         outputs.push((format!("dashboard {page}"), body));
     }
@@ -380,7 +392,10 @@ async fn secrets_of_digits_are_taken_as_given_and_type_errors_do_not_print_them(
     let out = run_cli(&["--config", config, "config", "check"], &by_env);
     let check = text(&out);
     assert!(out.status.success(), "{check}");
-    assert!(check.contains("nats.password is set (not shown)"), "{check}");
+    assert!(
+        check.contains("nats.password is set (not shown)"),
+        "{check}"
+    );
     assert!(
         check.contains("dashboard.admin_token is set (not shown)"),
         "{check}"
@@ -397,7 +412,9 @@ async fn secrets_of_digits_are_taken_as_given_and_type_errors_do_not_print_them(
 
     // The password reaches the server as given: the login works.
     let out = run_cli(
-        &["--config", config, "enqueue", "work", "{}", "--id", "digits-1"],
+        &[
+            "--config", config, "enqueue", "work", "{}", "--id", "digits-1",
+        ],
         &by_env,
     );
     let enqueued = text(&out);
@@ -427,7 +444,10 @@ async fn secrets_of_digits_are_taken_as_given_and_type_errors_do_not_print_them(
     ] {
         let typed = dir.join(format!("typed-{key}.toml"));
         let mut text_ = std::fs::read_to_string(&file).unwrap();
-        text_ = text_.replace(&format!("[{section}]\n"), &format!("[{section}]\n{key} = {value}\n"));
+        text_ = text_.replace(
+            &format!("[{section}]\n"),
+            &format!("[{section}]\n{key} = {value}\n"),
+        );
         if section == "database" {
             // Replaces the file's own url.
             text_ = text_.replacen(&format!("url = \"{}\"\n", plain.database.url), "", 1);
@@ -436,7 +456,10 @@ async fn secrets_of_digits_are_taken_as_given_and_type_errors_do_not_print_them(
             text_.push_str(&format!("\n[{section}]\n{key} = {value}\n"));
         }
         std::fs::write(&typed, &text_).unwrap();
-        let out = run_cli(&["--config", typed.to_str().unwrap(), "config", "check"], &[]);
+        let out = run_cli(
+            &["--config", typed.to_str().unwrap(), "config", "check"],
+            &[],
+        );
         let said = text(&out);
         assert_eq!(out.status.code(), Some(2), "{said}");
         assert!(said.contains(&format!("{section}.{key}")), "{said}");
@@ -446,7 +469,10 @@ async fn secrets_of_digits_are_taken_as_given_and_type_errors_do_not_print_them(
     // A file that does not parse, on the line of a secret.
     let broken = dir.join("broken.toml");
     std::fs::write(&broken, "[nats]\npassword = \"Unterminated-Secret-77\n").unwrap();
-    let out = run_cli(&["--config", broken.to_str().unwrap(), "config", "check"], &[]);
+    let out = run_cli(
+        &["--config", broken.to_str().unwrap(), "config", "check"],
+        &[],
+    );
     let said = text(&out);
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(said.contains("line 2"), "{said}");
@@ -519,7 +545,10 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
     )
     .expect("require passwords");
     let admin = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={} user=postgres dbname=postgres", pg.port()),
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            pg.port()
+        ),
         tokio_postgres::NoTls,
     )
     .await
@@ -541,11 +570,12 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
     let database_urls = [
         format!("postgres://app:{wrong_in_url}@127.0.0.1:{port}/postgres"),
         format!("postgres://app@127.0.0.1:{port}/postgres?password={wrong_in_query}"),
-        format!(
-            "host=127.0.0.1 port={port} user=app password='{wrong_quoted}' dbname=postgres"
-        ),
+        format!("host=127.0.0.1 port={port} user=app password='{wrong_quoted}' dbname=postgres"),
         format!("host=127.0.0.1 port={port} user=app password={wrong_digits} dbname=postgres"),
-        format!("postgres://app:{unreachable_pw}@127.0.0.1:{}/x", free_port()),
+        format!(
+            "postgres://app:{unreachable_pw}@127.0.0.1:{}/x",
+            free_port()
+        ),
         // A password with a space, not quoted: the string does not parse.
         format!("host=127.0.0.1 port={port} user=app password={unquoted_a} {unquoted_b}"),
     ];
@@ -624,12 +654,18 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
         (
             "user and password in the URL",
             file.clone(),
-            vec![("JOBWARDEN_NATS__URL", format!("nats://worker:{nats_url_user}@{host}"))],
+            vec![(
+                "JOBWARDEN_NATS__URL",
+                format!("nats://worker:{nats_url_user}@{host}"),
+            )],
         ),
         (
             "a token in the URL",
             file.clone(),
-            vec![("JOBWARDEN_NATS__URL", format!("nats://{nats_url_token}@{host}"))],
+            vec![(
+                "JOBWARDEN_NATS__URL",
+                format!("nats://{nats_url_token}@{host}"),
+            )],
         ),
         (
             "a password by environment",
@@ -661,7 +697,10 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
             "a password in the file",
             with_file(
                 "password",
-                &format!("url = \"{}\"\nuser = \"worker\"\npassword = \"{nats_file_password}\"\n", nats.url()),
+                &format!(
+                    "url = \"{}\"\nuser = \"worker\"\npassword = \"{nats_file_password}\"\n",
+                    nats.url()
+                ),
             ),
             vec![],
         ),
@@ -669,7 +708,11 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
             "an unknown nkey seed in a file",
             with_file(
                 "seed",
-                &format!("url = \"{}\"\nnkey_seed_file = \"{}\"\n", nats.url(), seed_file.display()),
+                &format!(
+                    "url = \"{}\"\nnkey_seed_file = \"{}\"\n",
+                    nats.url(),
+                    seed_file.display()
+                ),
             ),
             vec![],
         ),

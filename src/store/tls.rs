@@ -356,7 +356,8 @@ impl ServerCertVerifier for Verifier {
 }
 
 /// Splits a libpq `key=value` connection string into (key, value, the entry's own text).
-/// Values may be quoted with `'…'`; a backslash escapes the next character.
+/// Values may be quoted with `'…'`; a backslash escapes the next character. An error never
+/// quotes a value, nor a word after one (it may be the rest of a password with a space).
 pub(crate) fn key_values(s: &str) -> Result<Vec<(String, String, &str)>, String> {
     let mut out = Vec::new();
     let bytes = s.as_bytes();
@@ -377,9 +378,17 @@ pub(crate) fn key_values(s: &str) -> Result<Vec<(String, String, &str)>, String>
             i += 1;
         }
         if i == bytes.len() || bytes[i] != b'=' {
-            return Err(format!(
-                "{key:?} has no value; write key=value pairs, e.g. host=db user=app dbname=app"
-            ));
+            return Err(match out.last() {
+                Some((previous, _, _)) => format!(
+                    "a word after {previous}=… is not a key=value pair; quote a value that \
+                     has spaces ({previous}='a b'), and write key=value pairs, e.g. host=db \
+                     user=app dbname=app"
+                ),
+                None => format!(
+                    "{key:?} has no value; write key=value pairs, e.g. host=db user=app \
+                     dbname=app"
+                ),
+            });
         }
         i += 1;
         while i < bytes.len() && bytes[i].is_ascii_whitespace() {
