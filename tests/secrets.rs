@@ -347,6 +347,11 @@ async fn a_handler_urls_password_stays_out_of_errors_events_logs_and_the_dashboa
     // The worker's own log, at debug level.
     let log = stop_worker(&dir, child).await;
     assert!(log.contains("PostgreSQL connected"), "{log}");
+    // The dead jobs are logged with their errors, the URL's password masked.
+    assert!(
+        log.contains("job dead-lettered") && log.contains("http://app:****@127.0.0.1:"),
+        "{log}"
+    );
     outputs.push(("worker log".into(), log));
 
     for (what, output) in &outputs {
@@ -746,5 +751,44 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
         assert_hidden(what, output, &secrets);
     }
     drop(admin.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The process's log never holds a configured secret, whoever prints it: an exec handler
+/// given `API_TOKEN` by the configuration writes it to stderr and fails, and the worker's
+/// log line about the dead job shows `****` in its place (the log writer scrubs every line
+/// of the configuration's secrets). The job's own error is the application's words, stored
+/// as it wrote them (docs/security.md).
+#[tokio::test]
+async fn the_log_never_holds_a_configured_secret_even_when_an_application_prints_it() {
+    const TOKEN: &str = "ExecTok-h3k9-2718";
+    let env =
+        TestEnv::new("[queues.work]\nhandler = { kind = \"exec\", command = [\"true\"] }\n").await;
+    let dir = scratch("secrets_log");
+    let file = dir.join("jobwarden.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[database]\nurl = \"{}\"\nschema = \"{}\"\n[nats]\nurl = \"{}\"\n\
+             [worker]\napi_listen = \"127.0.0.1:0\"\nops_listen = \"off\"\n\
+             [queues.work]\nmax_attempts = 1\n\
+             handler = {{ kind = \"exec\", command = [\"sh\", \"-c\", \"echo token $API_TOKEN refused >&2; exit 1\"], env = {{ API_TOKEN = \"{TOKEN}\" }} }}\n",
+            env.config.database.url,
+            env.config.database.schema,
+            env.nats.url()
+        ),
+    )
+    .unwrap();
+    let child = spawn_worker(&dir, &file, &[("RUST_LOG", "info")]);
+    env.publish_raw("work", json!({"id": "exec-1", "payload": {}}).to_string())
+        .await;
+    let dead = env.wait_count("dead", 1, 30).await;
+    let log = stop_worker(&dir, child).await;
+    assert!(dead, "the job dies; log:\n{log}");
+    assert!(
+        log.contains("job dead-lettered") && log.contains("token **** refused"),
+        "{log}"
+    );
+    assert_hidden("worker log", &log, &[TOKEN.to_string()]);
     let _ = std::fs::remove_dir_all(&dir);
 }
