@@ -731,11 +731,12 @@ mod tests {
             others in prop::collection::vec(("(host|user|dbname|port|sslmode)", "[a-z0-9]{1,6}"), 0..4),
             at in 0usize..4,
         ) {
-            // Quoted as libpq reads it, or (when it can be read so) unquoted.
-            let value = if quoted || pw.contains(['\'', '\\', ' ', '=']) {
+            // Quoted as libpq reads it, or unquoted: also, wrongly, with spaces (a string that
+            // does not parse, which error messages show).
+            let value = if quoted || pw.contains(['\'', '\\', '=']) {
                 format!("'{}'", pw.replace('\\', "\\\\").replace('\'', "\\'"))
             } else {
-                pw.clone()
+                pw.split_whitespace().collect::<Vec<_>>().join(" ")
             };
             let mut entries: Vec<String> = others.iter().map(|(k, v)| format!("{k}={v}")).collect();
             entries.insert(at.min(entries.len()), format!("{key}={value}"));
