@@ -657,7 +657,9 @@ async fn failed_logins_and_unreachable_servers_name_the_server_not_the_secret() 
         std::fs::write(&path, format!("[nats]\n{nats_toml}")).unwrap();
         path
     };
-    let cases: Vec<(&str, PathBuf, Vec<(&str, String)>)> = vec![
+    // (what is tried, the configuration file, the environment)
+    type Case<'a> = (&'a str, PathBuf, Vec<(&'a str, String)>);
+    let cases: Vec<Case> = vec![
         (
             "user and password in the URL",
             file.clone(),
