@@ -851,22 +851,15 @@ fn valid_ident(s: &str) -> bool {
         && s.len() <= 63
 }
 
-/// Settings that hold secrets, or URLs that may: what is given for them is never shown
-/// (not even in a type error), and the environment gives them verbatim.
-pub const SECRET_SETTINGS: [&str; 4] = [
-    "database.url",
-    "nats.password",
-    "nats.token",
-    "dashboard.admin_token",
-];
-
-/// Whether a setting (a dotted path) may hold a secret: one of [`SECRET_SETTINGS`], any
-/// URL (`nats.url`, `queues.<name>.handler.url`: user information), and any setting named
-/// like a secret (an exec handler's `env.API_TOKEN`).
+/// Whether a setting (a dotted path) may hold a secret, so that what is given for it is
+/// never shown (not even in a type error) and the environment gives it verbatim: any URL
+/// (`database.url`, `nats.url`, `queues.<name>.handler.url`: their user information) and
+/// any setting named like a secret (`nats.password`, `nats.token`,
+/// `dashboard.admin_token`, an exec handler's `env.API_TOKEN`).
 fn is_secret_setting(path: &str) -> bool {
     let path = path.to_ascii_lowercase();
     let last = path.rsplit('.').next().unwrap_or("");
-    SECRET_SETTINGS.contains(&path.as_str()) || last == "url" || crate::redact::is_secret_name(last)
+    last == "url" || crate::redact::is_secret_name(last)
 }
 
 /// Whether an environment variable's value is taken as written rather than read like a
