@@ -21,6 +21,7 @@
 
 use crate::config::NatsConfig;
 use crate::job::{Envelope, DEFAULT_PRIORITY};
+use crate::redact::Secrets;
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::HeaderMap;
 use std::future::Future;
@@ -207,10 +208,12 @@ pub struct Broker {
 }
 
 /// Adds the configured authentication and TLS to `opts`. Files are read now, so a missing or
-/// unreadable one is an error that names the setting and the file.
+/// unreadable one is an error that names the setting and the file. The nkey seeds read are
+/// added to `secrets`.
 async fn auth_options(
     cfg: &NatsConfig,
     mut opts: async_nats::ConnectOptions,
+    secrets: &mut Secrets,
 ) -> std::result::Result<async_nats::ConnectOptions, String> {
     // async-nats builds its TLS configuration from rustls' process-wide provider: make it
     // ring (the one this build uses), whatever else a program linking us enabled.
@@ -221,6 +224,12 @@ async fn auth_options(
             .map_err(|e| format!("cannot read nats.{key} {path}: {e}"))
     };
     if let Some(path) = &cfg.credentials_file {
+        // Its seed line, to hide should anything echo it (async-nats reads the file itself).
+        if let Ok(text) = std::fs::read_to_string(path) {
+            for line in text.lines().map(str::trim).filter(|l| l.starts_with("SU")) {
+                secrets.add(line);
+            }
+        }
         opts = opts
             .credentials_file(path)
             .await
@@ -230,6 +239,7 @@ async fn auth_options(
         let seed = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read nats.nkey_seed_file {path}: {e}"))?;
         let seed = seed.trim();
+        secrets.add(seed);
         // A user seed starts "SU"; say so rather than let the handshake fail obscurely.
         if !seed.starts_with("SU") || seed.lines().count() != 1 {
             return Err(format!(
@@ -263,23 +273,31 @@ async fn auth_options(
 impl Broker {
     /// Connects (the client reconnects by itself afterwards) and checks that JetStream answers.
     pub async fn connect(cfg: &NatsConfig) -> Result<Broker> {
-        let redacted = crate::config::redact_url(&cfg.url);
-        let mut opts = async_nats::ConnectOptions::new()
+        // The URL is shown without its credentials, and whatever the client says is scrubbed
+        // of every secret of the connection before it becomes part of an error.
+        let redacted = crate::redact::url(&cfg.url);
+        let mut secrets = Secrets::new();
+        secrets.add_url(&cfg.url);
+        for value in [&cfg.password, &cfg.token].into_iter().flatten() {
+            secrets.add(value);
+        }
+        let opts = async_nats::ConnectOptions::new()
             .name("jobwarden")
             .connection_timeout(Duration::from_secs(5))
             .max_reconnects(None);
-        opts = auth_options(cfg, opts)
-            .await
-            .map_err(|cause| BrokerError::Unreachable {
-                url: redacted.clone(),
-                cause,
-            })?;
+        let opts = auth_options(cfg, opts, &mut secrets).await;
+        // The seeds read too are hidden from the process's log from now on.
+        crate::redact::remember(&secrets);
+        let opts = opts.map_err(|cause| BrokerError::Unreachable {
+            url: redacted.clone(),
+            cause: secrets.scrub(&cause).into_owned(),
+        })?;
         let client =
             opts.connect(cfg.url.as_str())
                 .await
                 .map_err(|e| BrokerError::Unreachable {
                     url: redacted.clone(),
-                    cause: e.to_string(),
+                    cause: secrets.scrub(&e.to_string()).into_owned(),
                 })?;
         let js = jetstream::new(client.clone());
         // Ask the JetStream API directly: async-nats' typed account query does not parse
@@ -289,7 +307,7 @@ impl Broker {
             .await
             .map_err(|e| BrokerError::NoJetStream {
                 url: redacted.clone(),
-                cause: e.to_string(),
+                cause: secrets.scrub(&e.to_string()).into_owned(),
             })?;
         let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
         if let Some(err) = info.get("error") {

@@ -195,6 +195,42 @@ pub enum HandlerConfig {
     Rust { name: String },
 }
 
+impl HandlerConfig {
+    /// Masks what may be a secret: an http handler URL's password and secret query
+    /// parameters, and an exec handler's environment variables named like secrets
+    /// (`API_TOKEN`, `DB_PASSWORD`).
+    fn redact(&mut self) {
+        match self {
+            HandlerConfig::Http { url } => *url = crate::redact::url(url),
+            HandlerConfig::Exec { env, .. } => {
+                for (name, value) in env.iter_mut() {
+                    if crate::redact::is_secret_name(name) {
+                        *value = crate::redact::MASK.to_string();
+                    }
+                }
+            }
+            HandlerConfig::Rust { .. } => {}
+        }
+    }
+
+    /// What [`HandlerConfig::redact`] masks, as values to scrub from text.
+    fn secrets(&self, into: &mut crate::redact::Secrets) {
+        match self {
+            HandlerConfig::Http { url } => {
+                into.add_url(url);
+            }
+            HandlerConfig::Exec { env, .. } => {
+                for (name, value) in env {
+                    if crate::redact::is_secret_name(name) {
+                        into.add(value);
+                    }
+                }
+            }
+            HandlerConfig::Rust { .. } => {}
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
@@ -341,7 +377,24 @@ impl Config {
             let first = first.split('.').next().unwrap_or("").to_ascii_lowercase();
             ENV_SECTIONS.contains(&first.as_str())
         });
-        Config::from_figment(fig.merge(env), require_queues)
+        // Secrets and URLs are taken as written: figment reads other values like TOML, so
+        // `JOBWARDEN_NATS__PASSWORD=00424242` would become the number 424242 (a type error
+        // at best, a wrong password at worst).
+        let verbatim: Vec<(String, String)> = env
+            .iter()
+            .filter(|(k, _)| is_verbatim(k.as_str()))
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let mut fig = fig.merge(env.filter(|k| !is_verbatim(&k.as_str().replace("__", "."))));
+        for (key, value) in verbatim {
+            fig = fig.merge(Serialized::default(&key, value));
+        }
+        let loaded = Config::from_figment(fig, require_queues);
+        // The process hides these from its log lines and its last words (see redact.rs).
+        if let Ok(c) = &loaded {
+            crate::redact::remember(&c.secrets());
+        }
+        loaded
     }
 
     /// Parses a TOML string (no environment), then validates. For tests and embedders.
@@ -354,25 +407,23 @@ impl Config {
 
     fn from_figment(fig: Figment, require_queues: bool) -> Result<Config, ConfigErrors> {
         let config: Config = fig.extract().map_err(|err| {
+            // Whatever was given for a secret, even of the wrong type, stays out of the
+            // messages (and of the log, should they be logged).
+            let secrets = raw_secrets(&fig);
+            crate::redact::remember(&secrets);
             ConfigErrors(
                 err.into_iter()
-                    .map(|e| {
-                        let path = e.path.join(".");
-                        let hint = if e.to_string().contains("unknown field") {
-                            " (check the spelling against examples/jobwarden.toml)"
-                        } else {
-                            ""
-                        };
-                        if path.is_empty() {
-                            format!("{e}{hint}")
-                        } else {
-                            format!("{path}: {}{hint}", e.kind)
-                        }
-                    })
+                    .map(|e| secrets.scrub(&describe_load_error(&e)).into_owned())
                     .collect(),
             )
         })?;
-        config.validate_with(require_queues)?;
+        // A rule's message may quote a value (a URL, a connection string): never a secret.
+        config
+            .validate_with(require_queues)
+            .map_err(|ConfigErrors(errs)| {
+                let secrets = config.secrets();
+                ConfigErrors(errs.iter().map(|e| secrets.scrub(e).into_owned()).collect())
+            })?;
         Ok(config)
     }
 
@@ -523,7 +574,7 @@ impl Config {
         {
             errs.push(format!(
                 "database.url {:?} is not a PostgreSQL URL; use postgres://user@host:5432/db",
-                redact_url(&self.database.url)
+                crate::redact::url(&self.database.url)
             ));
         }
         if !valid_ident(&self.database.schema) {
@@ -544,7 +595,7 @@ impl Config {
         if !n.url.starts_with("nats://") && !n.url.starts_with("tls://") {
             errs.push(format!(
                 "nats.url {:?} must start with nats:// or tls://",
-                redact_url(&n.url)
+                crate::redact::url(&n.url)
             ));
         }
         let auths: Vec<&str> = [
@@ -679,8 +730,9 @@ impl Config {
                 Some(HandlerConfig::Http { url }) => {
                     if !url.starts_with("http://") {
                         errs.push(format!(
-                            "queues.{name}.handler.url {url:?} must start with http:// \
-                             (the application runs beside the worker)"
+                            "queues.{name}.handler.url {:?} must start with http:// \
+                             (the application runs beside the worker)",
+                            crate::redact::url(url)
                         ));
                     }
                 }
@@ -744,11 +796,36 @@ impl Config {
         }
     }
 
-    /// The effective configuration as TOML, with passwords and tokens replaced by `****`.
+    /// Every secret this configuration holds: passwords and tokens, the credentials in its
+    /// URLs, secret-named environment variables of exec handlers.
+    pub fn secrets(&self) -> crate::redact::Secrets {
+        let mut s = crate::redact::Secrets::new();
+        s.add_url(&self.database.url).add_url(&self.nats.url);
+        let n = &self.nats;
+        for value in [&n.password, &n.token, &self.dashboard.admin_token]
+            .into_iter()
+            .flatten()
+        {
+            s.add(value);
+        }
+        let queue_handlers = self.queues.values().filter_map(|q| q.handler.as_ref());
+        for h in self.handler.iter().chain(queue_handlers) {
+            h.secrets(&mut s);
+        }
+        s
+    }
+
+    /// The effective configuration as TOML, with passwords and tokens replaced by `****`
+    /// (in the database, NATS and handler URLs, and exec handlers' environment variables
+    /// named like secrets).
     pub fn to_redacted_toml(&self) -> String {
         let mut c = self.clone();
-        c.database.url = redact_url(&c.database.url);
-        c.nats.url = redact_url(&c.nats.url);
+        c.database.url = crate::redact::url(&c.database.url);
+        c.nats.url = crate::redact::url(&c.nats.url);
+        let queue_handlers = c.queues.values_mut().filter_map(|q| q.handler.as_mut());
+        for h in c.handler.iter_mut().chain(queue_handlers) {
+            h.redact();
+        }
         // Left out (a placeholder would not read back as a valid secret), and said so.
         let hidden: Vec<&str> = [
             (
@@ -785,54 +862,124 @@ fn valid_ident(s: &str) -> bool {
         && s.len() <= 63
 }
 
-/// Replaces the password (or token) in a URL like `scheme://user:secret@host`, in a
-/// `password=` query parameter, or in a libpq `key=value` string, with `****`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // A libpq key=value string: hide the password entry (or everything, if it does not
-        // parse: it may hold one).
-        return match crate::store::tls::key_values(url) {
-            Ok(entries) => entries
-                .iter()
-                .map(|(k, _, raw)| {
-                    if k == "password" {
-                        "password=****".to_string()
-                    } else {
-                        raw.to_string()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
-            Err(_) => "(unparsable connection string)".into(),
-        };
+/// Whether a setting (a dotted path) may hold a secret, so that what is given for it is
+/// never shown (not even in a type error) and the environment gives it verbatim: any URL
+/// (`database.url`, `nats.url`, `queues.<name>.handler.url`: their user information) and
+/// any setting named like a secret (`nats.password`, `nats.token`,
+/// `dashboard.admin_token`, an exec handler's `env.API_TOKEN`).
+fn is_secret_setting(path: &str) -> bool {
+    let path = path.to_ascii_lowercase();
+    let last = path.rsplit('.').next().unwrap_or("");
+    last == "url" || crate::redact::is_secret_name(last)
+}
+
+/// Whether an environment variable's value is taken as written rather than read like a
+/// TOML value: secrets, URLs, and `nats.user` (it goes with `nats.password`).
+fn is_verbatim(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key == "nats.user" || is_secret_setting(&key)
+}
+
+/// One load error as a line: the setting's path and what is wrong with it. For a secret
+/// setting the value is left out; a TOML syntax error keeps its line and column but not the
+/// quoted line of the file (it may hold a secret).
+fn describe_load_error(e: &figment::Error) -> String {
+    use figment::error::{Actual, Kind};
+    let path = e.path.join(".");
+    let hint = if matches!(e.kind, Kind::UnknownField(..)) {
+        " (check the spelling against examples/jobwarden.toml)"
+    } else {
+        ""
     };
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let query = query.map(|q| {
-        q.split('&')
-            .map(|p| match p.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=****"),
-                _ => p.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("&")
-    });
-    let redacted = match rest.rsplit_once('@') {
-        None => format!("{scheme}://{rest}"),
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:****@{host}"),
-            None if scheme.starts_with("nats") || scheme == "tls" => {
-                format!("{scheme}://****@{host}")
-            }
-            None => format!("{scheme}://{userinfo}@{host}"),
-        },
-    };
-    match query {
-        Some(q) => format!("{redacted}?{q}"),
-        None => redacted,
+    if path.is_empty() {
+        return format!("{}{hint}", without_source_lines(&e.to_string()));
     }
+    if !is_secret_setting(&path) {
+        return format!("{path}: {}{hint}", e.kind);
+    }
+    let key = e.path.last().map(String::as_str).unwrap_or("");
+    match &e.kind {
+        Kind::InvalidType(actual, expected) => {
+            let found = match actual {
+                Actual::Unsigned(_) | Actual::Signed(_) | Actual::Float(_) => "a number",
+                Actual::Bool(_) => "a boolean",
+                Actual::Seq => "a list",
+                Actual::Map => "a table",
+                _ => "a value of another type",
+            };
+            format!(
+                "{path}: found {found} where {expected} belongs; quote it, e.g. {key} = \"…\" \
+                 (the value is not shown: this setting holds a secret)"
+            )
+        }
+        _ => format!(
+            "{path}: not a valid value (not shown: this setting holds a secret); give a quoted \
+             string, e.g. {key} = \"…\""
+        ),
+    }
+}
+
+/// A parser's message without the lines that quote the source (`  |`, `3 | password = …`).
+fn without_source_lines(message: &str) -> String {
+    message
+        .lines()
+        .filter(|l| {
+            let t = l
+                .trim_start()
+                .trim_start_matches(|c: char| c.is_ascii_digit());
+            !t.trim_start().starts_with('|')
+        })
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The secrets given to a configuration that did not load (so [`Config::secrets`] cannot
+/// be asked): the values found at the secret settings, whatever their type.
+fn raw_secrets(fig: &Figment) -> crate::redact::Secrets {
+    use figment::value::Value;
+    let mut secrets = crate::redact::Secrets::new();
+    fn walk(path: &str, v: &Value, secrets: &mut crate::redact::Secrets) {
+        match v {
+            Value::Dict(_, dict) => {
+                for (k, v) in dict {
+                    let sub = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(&sub, v, secrets);
+                }
+            }
+            _ if !is_secret_setting(path) => {}
+            Value::String(_, s) if path.ends_with("url") => {
+                secrets.add_url(s);
+            }
+            Value::String(_, s) => {
+                secrets.add(s);
+            }
+            Value::Num(_, n) => {
+                let text = n
+                    .to_u128()
+                    .map(|n| n.to_string())
+                    .or_else(|| n.to_i128().map(|n| n.to_string()))
+                    .or_else(|| n.to_f64().map(|n| n.to_string()))
+                    .unwrap_or_default();
+                secrets.add(&text);
+            }
+            _ => {}
+        }
+    }
+    // Every profile's merged values (the file and the environment fill the default one).
+    if let Ok(profiles) = figment::Provider::data(fig) {
+        for dict in profiles.values() {
+            for (k, v) in dict {
+                walk(k, v, &mut secrets);
+            }
+        }
+    }
+    secrets
 }
 
 /// Formats a duration the way the config file writes it ("5m", "30s", "250ms").
@@ -1093,7 +1240,9 @@ mod tests {
 
     #[test]
     fn dashboard_settings_are_checked() {
-        let bad = format!("{OK}\n[dashboard]\nlisten = \"localhost\"\nadmin_token = \"short\"\n");
+        // (A token that is no word of the messages: they are scrubbed of it.)
+        let bad =
+            format!("{OK}\n[dashboard]\nlisten = \"localhost\"\nadmin_token = \"tiny-tok\"\n");
         let errs = Config::from_toml(&bad).unwrap_err().0;
         assert!(
             errs.iter()
@@ -1114,29 +1263,38 @@ mod tests {
 
     #[test]
     fn secrets_are_redacted() {
-        assert_eq!(
-            redact_url("postgres://app:hunter2@db:5432/x"),
-            "postgres://app:****@db:5432/x"
-        );
-        assert_eq!(redact_url("nats://tok@n:4222"), "nats://****@n:4222");
-        assert_eq!(
-            redact_url("host=db password='a b' user=app"),
-            "host=db password=**** user=app"
-        );
-        assert_eq!(
-            redact_url("postgres://db/x?user=app&password=hunter2&sslmode=require"),
-            "postgres://db/x?user=app&password=****&sslmode=require"
-        );
-        assert_eq!(
-            redact_url("postgres://app:p@ss@db/x"),
-            "postgres://app:****@db/x"
-        );
         let mut c = Config::from_toml(OK).unwrap();
         c.database.url = "postgres://app:hunter2@db/x".into();
         c.dashboard.admin_token = Some("dashboard-secret-0123456789".into());
+        c.handler = Some(HandlerConfig::Http {
+            url: "http://app:handler-pw@127.0.0.1:8080/jobs?token=query-tok".into(),
+        });
+        c.queues.get_mut("pdf").unwrap().handler = Some(HandlerConfig::Exec {
+            command: vec!["./render".into()],
+            env: [("API_TOKEN", "exec-tok"), ("RENDER_CACHE", "/tmp/render")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
         let out = c.to_redacted_toml();
-        assert!(!out.contains("hunter2"), "{out}");
-        assert!(!out.contains("dashboard-secret"), "{out}");
+        for secret in [
+            "hunter2",
+            "dashboard-secret",
+            "handler-pw",
+            "query-tok",
+            "exec-tok",
+        ] {
+            assert!(!out.contains(secret), "{secret}: {out}");
+        }
+        assert!(
+            out.contains("http://app:****@127.0.0.1:8080/jobs?token=****"),
+            "{out}"
+        );
+        assert!(out.contains("API_TOKEN = \"****\""), "{out}");
+        assert!(out.contains("RENDER_CACHE = \"/tmp/render\""), "{out}");
+        // Every one of them is known, to be scrubbed from text.
+        let all = "hunter2 dashboard-secret-0123456789 handler-pw query-tok exec-tok";
+        assert_eq!(c.secrets().scrub(all), "**** **** **** **** ****");
         assert!(
             out.contains("# dashboard.admin_token is set (not shown)"),
             "{out}"
@@ -1145,5 +1303,88 @@ mod tests {
         // The printed configuration reads back as the same configuration.
         let back = Config::from_toml(&c.to_redacted_toml()).unwrap();
         assert_eq!(back.queues["email"].concurrency, 4);
+    }
+
+    #[test]
+    fn a_secret_of_the_wrong_type_or_in_a_broken_file_is_never_quoted() {
+        for (text, path, value) in [
+            ("[nats]\nuser = \"w\"\npassword = 24681357\n", "nats.password", "24681357"),
+            ("[nats]\ntoken = 97531864\n", "nats.token", "97531864"),
+            ("[dashboard]\nadmin_token = 1122334455667788\n", "dashboard.admin_token", "1122334455667788"),
+            ("[database]\nurl = 55667788\n", "database.url", "55667788"),
+            (
+                "[queues.email.handler]\nkind = \"exec\"\ncommand = [\"x\"]\nenv = { API_TOKEN = 31415926 }\n",
+                "queues.email.handler",
+                "31415926",
+            ),
+        ] {
+            let err = Config::from_toml(&format!("{OK}\n{text}")).unwrap_err().to_string();
+            assert!(err.contains(path), "{err}");
+            assert!(!err.contains(value), "{err}");
+        }
+        let err = Config::from_toml("[nats]\npassword = 24681357\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("quote it, e.g. password = \"…\""), "{err}");
+        // A file that does not parse: where, and why, without the line itself.
+        let err = Config::from_toml("[nats]\npassword = \"Unterminated-Secret-77\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(!err.contains("Unterminated"), "{err}");
+        // Other settings still show what was found.
+        let err = Config::from_toml("[queues.email]\nconcurrency = \"lots\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"lots\""), "{err}");
+    }
+
+    #[test]
+    fn rule_messages_never_quote_a_secret() {
+        let text = OK.replace(
+            "url = \"http://127.0.0.1:8080/jobs\"",
+            "url = \"https://app:handler-pw@127.0.0.1:8080/jobs\"",
+        );
+        let text =
+            format!("{text}\n[database]\nurl = \"host=db user=app password=pass-A pass-B\"\n");
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("\"https://app:****@127.0.0.1:8080/jobs\" must start with http://"),
+            "{err}"
+        );
+        assert!(
+            err.contains("database.url: a word after password=…"),
+            "{err}"
+        );
+        for secret in ["handler-pw", "pass-A", "pass-B"] {
+            assert!(!err.contains(secret), "{secret}: {err}");
+        }
+    }
+
+    #[test]
+    fn secrets_and_urls_from_the_environment_are_taken_as_written() {
+        for key in [
+            "database.url",
+            "nats.url",
+            "nats.user",
+            "nats.password",
+            "NATS.PASSWORD",
+            "nats.token",
+            "dashboard.admin_token",
+            "handler.url",
+            "queues.email.handler.url",
+            "queues.pdf.handler.env.api_token",
+        ] {
+            assert!(is_verbatim(key), "{key}");
+        }
+        for key in [
+            "queues.email.concurrency",
+            "queues.pdf.handler.command",
+            "nats.tls_required",
+            "worker.hostname",
+            "nats.nkey_seed_file",
+        ] {
+            assert!(!is_verbatim(key), "{key}");
+        }
     }
 }

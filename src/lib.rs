@@ -19,6 +19,7 @@ pub mod handler;
 pub mod job;
 pub mod jsonb;
 pub mod liveness;
+pub mod redact;
 pub mod store;
 pub mod worker;
 

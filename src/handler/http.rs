@@ -4,9 +4,15 @@
 //! 408, 429 and 5xx are worth a retry (429/503 may say when, with `Retry-After`), any
 //! other 4xx is permanent. Timeouts, cancellation and transport errors (the application
 //! is down or restarting) are retried: the job must never be lost to an outage.
+//!
+//! The URL may carry credentials (`http://app:pw@…`, sent as `Basic` authorization): every
+//! message shows it through [`crate::redact::url`], and an error response's body, which an
+//! application may fill with what it was sent, is scrubbed of the password and of the
+//! `Basic` credentials before it becomes part of the job's error.
 
 use super::http_client::{Origin, Response};
 use super::{Handler, HandlerResult, JobContext, JobError};
+use crate::redact::Secrets;
 use async_trait::async_trait;
 use serde_json::Value;
 use std::time::Duration;
@@ -16,10 +22,13 @@ const BODY_SNIPPET: usize = 500;
 
 /// Hands jobs to an application listening on a (local) HTTP URL.
 pub struct HttpHandler {
-    url: String,
+    /// The URL as messages show it: without its password.
+    shown: String,
     /// The URL parsed once, with its pool of keep-alive connections; when it does not
     /// parse, each request reports why.
     origin: Result<Origin, String>,
+    /// The URL's credentials, as written, decoded and encoded for `Authorization`.
+    secrets: Secrets,
 }
 
 /// The request body: the job, borrowed (its payload is not copied to build it).
@@ -35,10 +44,33 @@ struct JobRequest<'a> {
 
 impl HttpHandler {
     pub fn new(url: &str) -> HttpHandler {
-        HttpHandler {
-            url: url.to_string(),
-            origin: Origin::parse(url),
+        let origin = Origin::parse(url);
+        let mut secrets = Secrets::new();
+        secrets.add_url(url);
+        if let Some(auth) = origin.as_ref().ok().and_then(Origin::authorization) {
+            secrets.add(auth.trim_start_matches("Basic "));
         }
+        HttpHandler {
+            shown: crate::redact::url(url),
+            origin,
+            secrets,
+        }
+    }
+
+    /// The start of an error response's body for the job's error: scrubbed of the URL's
+    /// credentials first (over enough of it that no secret is cut in two), then cut.
+    fn snippet(&self, body: &[u8]) -> String {
+        let window = &body[..body.len().min(BODY_SNIPPET + self.secrets.longest())];
+        let text = String::from_utf8_lossy(window);
+        let mut text = self.secrets.scrub(&text).into_owned();
+        if text.len() > BODY_SNIPPET {
+            let mut cut = BODY_SNIPPET;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        text.trim().to_string()
     }
 
     /// Sends the job and reads the whole response (status, `Retry-After`, body).
@@ -84,17 +116,16 @@ impl HttpHandler {
             return match serde_json::from_slice::<Value>(body) {
                 Ok(v) => Ok(Some(v)),
                 Err(e) => {
-                    tracing::debug!(url = %self.url, "2xx body is not JSON ({e}), no result");
+                    tracing::debug!(url = %self.shown, "2xx body is not JSON ({e}), no result");
                     Ok(None)
                 }
             };
         }
-        let mut message = format!("HTTP {code} from {}", self.url);
-        let snippet = String::from_utf8_lossy(&body[..body.len().min(BODY_SNIPPET)]);
-        let snippet = snippet.trim();
+        let mut message = format!("HTTP {code} from {}", self.shown);
+        let snippet = self.snippet(body);
         if !snippet.is_empty() {
             message.push_str(": ");
-            message.push_str(snippet);
+            message.push_str(&snippet);
         }
         match code {
             408 | 429 | 500..=599 => Err(JobError::Retry {
@@ -136,8 +167,9 @@ impl Handler for HttpHandler {
             Err(_elapsed) => Err(timed_out(job.timeout)),
             Ok(Ok(r)) => self.outcome(r.status, r.retry_after, &r.body),
             Ok(Err(e)) => Err(JobError::retry(format!(
-                "request to {} failed: {e} (is the application running?)",
-                self.url
+                "request to {} failed: {} (is the application running?)",
+                self.shown,
+                self.secrets.scrub(&e.to_string())
             ))),
         }
     }
@@ -292,6 +324,52 @@ mod tests {
             cancel.cancel();
         });
         assert_eq!(call(&url, &job).await, Err(JobError::retry("cancelled")));
+    }
+
+    #[tokio::test]
+    async fn errors_show_the_url_without_its_credentials() {
+        // Refused: the URL is named, its password masked.
+        let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = dead.local_addr().unwrap();
+        drop(dead);
+        let res = call(&format!("http://app:s3cr3t-Pw@{at}/jobs"), &job()).await;
+        let expected = format!("request to http://app:****@{at}/jobs failed: ");
+        assert!(
+            matches!(&res, Err(JobError::Retry { message, .. }) if message.starts_with(&expected)),
+            "{res:?}"
+        );
+
+        // An error page that repeats the credentials, decoded and as sent.
+        let basic = "YXBwOnAmc3MtV29yZA=="; // app:p&ss-Word
+        let page = format!("denied p&ss-Word, p%26ss-Word, authorization: Basic {basic}");
+        let (url, _s) = serve("500 Oops", "", &page, Duration::ZERO).await;
+        let url = url.replace("http://", "http://app:p%26ss-Word@");
+        let res = call(&url, &job()).await;
+        let shown = url.replace("p%26ss-Word", "****");
+        assert_eq!(
+            res,
+            Err(JobError::retry(format!(
+                "HTTP 500 from {shown}: denied ****, ****, authorization: Basic ****"
+            )))
+        );
+
+        // A password across the cut of the body is masked whole, not cut in two.
+        let page = format!("{}s3cr3t-Pw and more", "x".repeat(BODY_SNIPPET - 3));
+        let (url, _s) = serve("500 Oops", "", &page, Duration::ZERO).await;
+        let url = url.replace("http://", "http://app:s3cr3t-Pw@");
+        let Err(JobError::Retry { message, .. }) = call(&url, &job()).await else {
+            panic!("a 500 is retried");
+        };
+        assert!(!message.contains("s3c"), "{message}");
+        assert!(message.ends_with("xxx***"), "{message}");
+
+        // A URL that does not parse is named without its password too.
+        let res = call("http://app:s3cr3t-Pw@127.0.0.1:99999/jobs", &job()).await;
+        assert!(
+            matches!(&res, Err(JobError::Retry { message, .. })
+                if message.contains("http://app:****@127.0.0.1:99999/jobs") && !message.contains("s3cr3t")),
+            "{res:?}"
+        );
     }
 
     #[tokio::test]

@@ -52,7 +52,6 @@ pub(super) struct Response {
 }
 
 /// One origin (`http://host:port`) and its idle connections.
-#[derive(Debug)]
 pub(super) struct Origin {
     /// `host:port` to connect to (`[v6]:port` for IPv6 literals).
     connect_to: String,
@@ -67,18 +66,41 @@ pub(super) struct Origin {
     sweeping: std::sync::atomic::AtomicBool,
 }
 
+/// Shown without its credentials (`authorization: Basic ****`).
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Origin")
+            .field("connect_to", &self.connect_to)
+            .field("host", &self.host)
+            .field(
+                "path",
+                &crate::redact::url(&format!("http://{}{}", self.host, self.path)),
+            )
+            .field(
+                "authorization",
+                &self
+                    .authorization
+                    .as_deref()
+                    .map(|a| crate::redact::header("authorization", a)),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
 impl Origin {
-    /// Parses an `http://` URL; the error names what is wrong with it.
+    /// Parses an `http://` URL; the error names what is wrong with it (and shows the URL
+    /// without its password).
     pub fn parse(url: &str) -> Result<Origin, String> {
-        let u = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        let shown = crate::redact::url(url);
+        let u = url::Url::parse(url).map_err(|e| format!("{shown:?} is not a URL: {e}"))?;
         if u.scheme() != "http" {
             return Err(format!(
-                "{url:?}: only http:// URLs are supported (the application is local)"
+                "{shown:?}: only http:// URLs are supported (the application is local)"
             ));
         }
         let host = u
             .host_str()
-            .ok_or_else(|| format!("{url:?} has no host"))?
+            .ok_or_else(|| format!("{shown:?} has no host"))?
             .to_string();
         let port = u.port_or_known_default().unwrap_or(80);
         let mut path = u.path().to_string();
@@ -110,6 +132,12 @@ impl Origin {
             idle: Arc::default(),
             sweeping: Default::default(),
         })
+    }
+
+    /// The `Authorization` header's value sent with every request (`Basic <credentials>`
+    /// from the URL's user information), if any: a secret.
+    pub fn authorization(&self) -> Option<&str> {
+        self.authorization.as_deref()
     }
 
     /// Starts a request: `POST <path> HTTP/1.1` with the `Host`, `Content-Type` and
@@ -753,6 +781,15 @@ mod tests {
             text.contains("\r\nauthorization: Basic dXNAZXI6cDpzcw==\r\n"),
             "{text}"
         );
+        // Its `Debug` shows neither the credentials nor the password.
+        let debug = format!("{creds:?}");
+        assert!(
+            debug.contains("Basic ****") && !debug.contains("dXNAZXI6cDpzcw=="),
+            "{debug}"
+        );
+        assert!(Origin::parse("http://app:s3cr3t@[bad/x")
+            .unwrap_err()
+            .contains("\"http://app:****@[bad/x\" is not a URL"));
         assert!(Origin::parse("not a url")
             .unwrap_err()
             .contains("is not a URL"));

@@ -136,6 +136,29 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 }
 
 impl StoreError {
+    /// The error with `secrets` masked in every text it carries (the typed database error
+    /// is the server's, which never repeats a password).
+    fn scrubbed(self, secrets: &crate::redact::Secrets) -> StoreError {
+        let clean = |s: String| secrets.scrub(&s).into_owned();
+        match self {
+            StoreError::Unreachable { target, cause } => StoreError::Unreachable {
+                target,
+                cause: clean(cause),
+            },
+            StoreError::Tls { target, cause } => StoreError::Tls {
+                target,
+                cause: clean(cause),
+            },
+            StoreError::Refused { target, reason } => StoreError::Refused {
+                target,
+                reason: clean(reason),
+            },
+            StoreError::Pool(m) => StoreError::Pool(clean(m)),
+            StoreError::BadUrl(m) => StoreError::BadUrl(clean(m)),
+            other => other,
+        }
+    }
+
     /// The server went away or is restarting (a closed connection, an unreachable server,
     /// SQLSTATE classes 08, 53, 57): worth doing again once it is back.
     pub fn is_transient(&self) -> bool {
@@ -326,8 +349,16 @@ pub struct Store {
 }
 
 impl Store {
-    /// Builds the pool and checks that the server answers.
+    /// Builds the pool and checks that the server answers. The errors name the server
+    /// (`host:port/db`), never the URL's password: whatever a parser or the client says is
+    /// scrubbed of it.
     pub async fn connect(cfg: &DatabaseConfig) -> Result<Store> {
+        let mut secrets = crate::redact::Secrets::new();
+        secrets.add_url(&cfg.url);
+        Store::open(cfg).await.map_err(|e| e.scrubbed(&secrets))
+    }
+
+    async fn open(cfg: &DatabaseConfig) -> Result<Store> {
         let (url, tls) = tls::PgTls::split(&cfg.url).map_err(StoreError::BadUrl)?;
         let mut pg = tokio_postgres::Config::from_str(&url).map_err(|e| {
             StoreError::BadUrl(format!("{e}; expected postgres://user@host:5432/db"))

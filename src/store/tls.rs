@@ -356,9 +356,11 @@ impl ServerCertVerifier for Verifier {
 }
 
 /// Splits a libpq `key=value` connection string into (key, value, the entry's own text).
-/// Values may be quoted with `'…'`; a backslash escapes the next character.
+/// Values may be quoted with `'…'`; a backslash escapes the next character. An error never
+/// quotes a value, nor the word after a secret's value (it may be the rest of a password
+/// with a space).
 pub(crate) fn key_values(s: &str) -> Result<Vec<(String, String, &str)>, String> {
-    let mut out = Vec::new();
+    let mut out: Vec<(String, String, &str)> = Vec::new();
     let bytes = s.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
@@ -377,9 +379,18 @@ pub(crate) fn key_values(s: &str) -> Result<Vec<(String, String, &str)>, String>
             i += 1;
         }
         if i == bytes.len() || bytes[i] != b'=' {
-            return Err(format!(
-                "{key:?} has no value; write key=value pairs, e.g. host=db user=app dbname=app"
-            ));
+            return Err(match out.last() {
+                // The word may be the rest of a password with an unquoted space.
+                Some((previous, _, _)) if crate::redact::is_secret_name(previous) => format!(
+                    "a word after {previous}=… is not a key=value pair; quote a value that \
+                     has spaces ({previous}='a b'), and write key=value pairs, e.g. host=db \
+                     user=app dbname=app"
+                ),
+                _ => format!(
+                    "{key:?} has no value; write key=value pairs, e.g. host=db user=app \
+                     dbname=app"
+                ),
+            });
         }
         i += 1;
         while i < bytes.len() && bytes[i].is_ascii_whitespace() {
@@ -477,6 +488,12 @@ mod tests {
         assert!(err.contains("sslkey"), "{err}");
         let err = PgTls::split("host=db sslmode").unwrap_err();
         assert!(err.contains("no value"), "{err}");
+        // After a password, the word may be the rest of it: not quoted.
+        let err = PgTls::split("host=db password=pass-A pass-B user=app").unwrap_err();
+        assert!(
+            err.contains("a word after password=…") && !err.contains("pass-"),
+            "{err}"
+        );
         let err = PgTls::split("host=db password='open").unwrap_err();
         assert!(err.contains("closing quote"), "{err}");
         let err =

@@ -159,8 +159,8 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1),
-        jobwarden::config::redact_url(&base.database.url),
-        jobwarden::config::redact_url(&base.nats.url)
+        jobwarden::redact::url(&base.database.url),
+        jobwarden::redact::url(&base.nats.url)
     );
     let mut kinds = vec!["rust"];
     if !args.no_http {

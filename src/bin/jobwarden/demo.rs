@@ -15,7 +15,7 @@
 
 use crate::testkit::{NatsServer, PgCluster};
 use anyhow::{Context, Result};
-use jobwarden::config::redact_url;
+use jobwarden::redact;
 use jobwarden::store::Store;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -71,9 +71,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     println!("== jobwarden demo ==");
     println!(
         "nats-server {} ({}), PostgreSQL {} ({})",
-        redact_url(&nats_url),
+        redact::url(&nats_url),
         if nats.is_some() { "throwaway" } else { "given" },
-        redact_url(&db_url),
+        redact::url(&db_url),
         if pg.is_some() { "throwaway" } else { "given" }
     );
 

@@ -294,7 +294,8 @@ fn main() {
                 .downcast_ref::<jobwarden::config::ConfigErrors>()
                 .is_some()
                 || e.downcast_ref::<BadArgs>().is_some();
-            eprintln!("error: {e:#}");
+            // Its last words too are scrubbed of the configuration's secrets.
+            eprintln!("error: {}", jobwarden::redact::known(&format!("{e:#}")));
             if bad_input {
                 2
             } else {
@@ -758,9 +759,11 @@ fn init_tracing(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("info,tokio_postgres=warn,refinery_core=warn,async_nats=warn")
     });
+    // Every line is scrubbed of the secrets the configuration holds (redact::remember):
+    // whatever a library logs at debug level, a password does not reach the log.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(jobwarden::redact::Scrubbed(std::io::stderr));
     if json {
         builder.json().init();
     } else {
