@@ -139,8 +139,51 @@ pub struct StoredMessage {
     pub subject: String,
     pub seq: u64,
     pub stored_ns: i128,
+    /// Its headers, except any the NATS client could not hold (see `unreadable`).
     pub headers: HeaderMap,
     pub payload: bytes::Bytes,
+    /// Why the NATS client cannot read this message's headers (a lone CR in a value, a line
+    /// without a colon, bytes that are not UTF-8), if it cannot. async-nats 0.51 panics in
+    /// its connection task on a lone CR: such a message must never be delivered to a
+    /// consumer of ours, so whoever reads it raw takes it out of the stream.
+    pub unreadable: Option<String>,
+}
+
+/// Headers as the stream stored them (`NATS/1.0\r\nName: value\r\n…`), read leniently:
+/// every header a NATS client can carry is kept; the reason the rest cannot be is returned.
+pub fn parse_stored_headers(raw: &[u8]) -> (HeaderMap, Option<String>) {
+    let mut headers = HeaderMap::new();
+    let Ok(text) = std::str::from_utf8(raw) else {
+        return (headers, Some("its headers are not UTF-8".into()));
+    };
+    let mut problem = None;
+    for line in text.split("\r\n").skip(1).filter(|l| !l.is_empty()) {
+        let bad = |what: &str| {
+            format!(
+                "header line {:?} {what}",
+                line.chars().take(80).collect::<String>()
+            )
+        };
+        let Some((name, value)) = line.split_once(':') else {
+            problem.get_or_insert_with(|| bad("has no colon"));
+            continue;
+        };
+        let value = value.trim();
+        if value.contains(['\r', '\n']) {
+            problem.get_or_insert_with(|| bad("holds a lone CR or LF"));
+            continue;
+        }
+        match (
+            async_nats::HeaderName::from_str(name),
+            async_nats::HeaderValue::from_str(value),
+        ) {
+            (Ok(n), Ok(v)) => headers.append(n, v),
+            _ => {
+                problem.get_or_insert_with(|| bad("is not a valid header"));
+            }
+        }
+    }
+    (headers, problem)
 }
 
 /// Nanoseconds since the Unix epoch of a NATS timestamp.
@@ -719,35 +762,77 @@ impl Broker {
     }
 
     /// The first message on `subject` at or after sequence `from`, read straight from the
-    /// stream (no consumer involved); `None` when there is none.
+    /// stream (no consumer involved); `None` when there is none. The request is made here
+    /// rather than through async-nats' message getter, which refuses (or, delivered through
+    /// a subscription, panics on) headers it cannot hold: those are read leniently and
+    /// reported in [`StoredMessage::unreadable`].
     pub async fn first_message(
         &self,
-        stream: &stream::Stream,
+        _stream: &stream::Stream,
         subject: &str,
         from: u64,
     ) -> Result<Option<StoredMessage>> {
-        let got = tokio::time::timeout(
-            BROKER_CALL_LIMIT,
-            stream.get_first_raw_message_by_subject(subject, from.max(1)),
-        )
-        .await
-        .map_err(|_| BrokerError::TimedOut {
-            what: format!("read of {subject} from sequence {from}"),
-        })?;
-        match got {
-            Ok(m) => Ok(Some(StoredMessage {
-                subject: m.subject.to_string(),
-                seq: m.sequence,
-                stored_ns: unix_nanos(&m.time),
-                headers: m.headers,
-                payload: m.payload,
-            })),
-            Err(e) if e.to_string().contains("no message found") => Ok(None),
-            Err(e) => Err(BrokerError::Stream {
-                stream: self.cfg.stream.clone(),
-                cause: format!("read of {subject} from sequence {from}: {e}"),
-            }),
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            message: Option<Raw>,
+            error: Option<ApiError>,
         }
+        #[derive(serde::Deserialize)]
+        struct ApiError {
+            err_code: Option<u64>,
+            description: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            subject: String,
+            seq: u64,
+            #[serde(default)]
+            data: String,
+            #[serde(default)]
+            hdrs: Option<String>,
+            time: String,
+        }
+        use base64::Engine;
+        let what = format!("read of {subject} from sequence {from}");
+        let request = serde_json::json!({"seq": from.max(1), "next_by_subj": subject});
+        let answer: Answer = bounded(
+            &what,
+            self.js
+                .request(format!("STREAM.MSG.GET.{}", self.cfg.stream), &request),
+        )
+        .await?;
+        if let Some(e) = answer.error {
+            if e.err_code == Some(jetstream::ErrorCode::NO_MESSAGE_FOUND.0) {
+                return Ok(None);
+            }
+            return Err(BrokerError::Stream {
+                stream: self.cfg.stream.clone(),
+                cause: format!("{what}: {}", e.description.unwrap_or_default()),
+            });
+        }
+        let Some(m) = answer.message else {
+            return Ok(None);
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let corrupt = |e: String| BrokerError::Stream {
+            stream: self.cfg.stream.clone(),
+            cause: format!("{what}: {e}"),
+        };
+        let payload = b64.decode(&m.data).map_err(|e| corrupt(e.to_string()))?;
+        let (headers, unreadable) = match &m.hdrs {
+            Some(h) => parse_stored_headers(&b64.decode(h).map_err(|e| corrupt(e.to_string()))?),
+            None => (HeaderMap::new(), None),
+        };
+        let stored = chrono::DateTime::parse_from_rfc3339(&m.time)
+            .map_err(|e| corrupt(format!("time {:?}: {e}", m.time)))?;
+        Ok(Some(StoredMessage {
+            subject: m.subject,
+            seq: m.seq,
+            stored_ns: stored.timestamp_nanos_opt().unwrap_or(i64::MAX).into(),
+            headers,
+            payload: payload.into(),
+            unreadable,
+        }))
     }
 
     /// Deletes one message from the stream (bounded).

@@ -37,6 +37,9 @@ pub struct ExecHandler {
     program: String,
     args: Vec<String>,
     env: BTreeMap<String, String>,
+    /// The values of `env` whose names say they are secrets: scrubbed from what the command
+    /// prints before it becomes an attempt's error (stored, logged, shown on the dashboard).
+    secrets: crate::redact::Secrets,
     /// [`KILL_GRACE`], shortened by tests.
     grace: Duration,
 }
@@ -48,10 +51,17 @@ impl ExecHandler {
             None => (String::new(), Vec::new()), // fails at spawn, with the usual hint
         };
         let env = env.clone();
+        let mut secrets = crate::redact::Secrets::default();
+        for (name, value) in &env {
+            if crate::redact::is_secret_name(name) {
+                secrets.add(value);
+            }
+        }
         ExecHandler {
             program,
             args,
             env,
+            secrets,
             grace: KILL_GRACE,
         }
     }
@@ -167,6 +177,7 @@ impl Handler for ExecHandler {
                 );
                 let result = result.ok().and_then(Result::ok).flatten();
                 let tail = tail.ok().and_then(Result::ok).unwrap_or_default();
+                let tail = crate::redact::known(&self.secrets.scrub(&tail)).into_owned();
                 exit_outcome(status, result, &tail)
             }
             Err(message) => {
@@ -400,6 +411,23 @@ mod tests {
         let script = "head -c 100000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 1";
         let message = run(script).await.unwrap_err().to_string();
         assert!(message.len() <= STDERR_TAIL + 20 && message.ends_with("xxEND"));
+
+        // A secret of the handler's own environment never reaches the attempt's error.
+        let env = BTreeMap::from([("SMTP_PASSWORD".to_string(), "pw-7f3k9q".to_string())]);
+        let leaky = ExecHandler::new(
+            &[
+                "sh".into(),
+                "-c".into(),
+                "echo \"login failed for $SMTP_PASSWORD\" >&2; exit 1".into(),
+            ],
+            &env,
+        );
+        let message = leaky.handle(&job()).await.unwrap_err().to_string();
+        assert!(
+            message.starts_with("exit code 1: login failed for "),
+            "{message}"
+        );
+        assert!(!message.contains("pw-7f3k9q"), "{message}");
 
         let missing = ExecHandler::new(&["/nonexistent/app".into()], &BTreeMap::new());
         let res = missing.handle(&job()).await;

@@ -18,7 +18,7 @@
 
 use super::outage::Outage;
 use super::{Shared, Stats};
-use crate::broker::{Lane, StreamPosition};
+use crate::broker::{Lane, StoredMessage, StreamPosition};
 use crate::job::DEFAULT_PRIORITY;
 use crate::job::{self, MessageOrigin};
 use crate::store::ClaimInput;
@@ -100,7 +100,8 @@ impl Reconciler {
             self.rowless.remove(&key);
             return Ok(0);
         }
-        let (candidates, seqs) = self.delivered_unacked(lane, &pos).await?;
+        let (candidates, seqs, unreadable) = self.delivered_unacked(lane, &pos).await?;
+        let taken_out = self.take_out(lane, unreadable).await?;
         if candidates.is_empty() {
             self.rowless.remove(&key);
             return Ok(0);
@@ -129,7 +130,7 @@ impl Reconciler {
         }
         self.rowless.insert(key, now_rowless);
         if adopt.is_empty() {
-            return Ok(0);
+            return Ok(taken_out);
         }
         let adopted = match shared.store.job_adopt(&adopt).await {
             Ok(ids) => ids,
@@ -156,22 +157,23 @@ impl Reconciler {
         Ok(adopted.len())
     }
 
-    /// The queue's delivered, unacked messages that decode to jobs, with their sequences.
-    /// (Messages that do not decode are recorded when JetStream redelivers them.)
+    /// The queue's delivered, unacked messages that decode to jobs, with their sequences,
+    /// and those whose headers the NATS client cannot read. (Other messages that do not
+    /// decode, or name another priority than their lane's, are recorded when JetStream
+    /// redelivers them.)
     async fn delivered_unacked(
         &self,
         lane: &Lane,
         pos: &StreamPosition,
-    ) -> Result<(Vec<ClaimInput>, Vec<u64>), String> {
+    ) -> Result<(Vec<ClaimInput>, Vec<u64>, Vec<StoredMessage>), String> {
         let shared = &self.shared;
         let broker = &shared.broker;
         let queue = lane.queue.as_str();
         let policy = &shared.queues[queue];
         let stream = broker.stream().await.map_err(|e| e.to_string())?;
         let subject = broker.lane_subject(lane);
-        let stream_name = broker.stream_name().to_string();
         let max_bytes = shared.config.worker.max_payload_bytes;
-        let (mut inputs, mut seqs) = (Vec::new(), Vec::new());
+        let (mut inputs, mut seqs, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
         let mut from = pos.ack_floor + 1;
         for _ in 0..ADOPT_SCAN {
             if from > pos.delivered {
@@ -188,21 +190,11 @@ impl Reconciler {
                 break;
             }
             from = m.seq + 1;
-            let msg_id = m
-                .headers
-                .get(async_nats::header::NATS_MESSAGE_ID)
-                .map(|v| v.as_str().to_string());
-            let origin = MessageOrigin {
-                queue,
-                stream: &stream_name,
-                stream_seq: m.seq,
-                stored_ns: m.stored_ns,
-                msg_id: msg_id.as_deref(),
-            };
-            if let Ok(mut job) = job::decode(&m.payload, &origin, max_bytes) {
-                if let Some(p) = lane.band {
-                    job.priority = i16::from(p);
-                }
+            if m.unreadable.is_some() {
+                unreadable.push(m);
+                continue;
+            }
+            if let Ok(job) = self.job_of(lane, &m, max_bytes) {
                 let max_attempts = job.max_attempts.unwrap_or(policy.max_attempts as i32);
                 inputs.push(ClaimInput {
                     job,
@@ -212,7 +204,108 @@ impl Reconciler {
                 seqs.push(m.seq);
             }
         }
-        Ok((inputs, seqs))
+        Ok((inputs, seqs, unreadable))
+    }
+
+    /// The job a stored message of `lane` is, as the claim would make it (its id derived
+    /// alike, its priority its lane's), or why it is none.
+    fn job_of(
+        &self,
+        lane: &Lane,
+        m: &StoredMessage,
+        max_bytes: usize,
+    ) -> Result<job::NewJob, String> {
+        let msg_id = m
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str().to_string());
+        let origin = MessageOrigin {
+            queue: &lane.queue,
+            stream: self.shared.broker.stream_name(),
+            stream_seq: m.seq,
+            stored_ns: m.stored_ns,
+            msg_id: msg_id.as_deref(),
+        };
+        let mut job = job::decode(&m.payload, &origin, max_bytes).map_err(|e| e.to_string())?;
+        if job.priority_named && job.priority != lane.priority() {
+            return Err(format!(
+                "field `priority` is invalid: the envelope names priority {}, but the message \
+                 was published to {} (priority {})",
+                job.priority,
+                self.shared.broker.lane_subject(lane),
+                lane.priority()
+            ));
+        }
+        job.priority = lane.priority();
+        Ok(job)
+    }
+
+    /// Takes out of the stream the delivered messages whose headers the NATS client cannot
+    /// read. async-nats 0.51 panics in its connection task on a header value with a lone CR,
+    /// so such a message killed the connection of the worker it was delivered to (which
+    /// then ends, see the supervisor), and JetStream would deliver it again after `ack_wait`
+    /// to the next one. Read raw here, its job is kept — adopted, due now, published again
+    /// with clean headers — or, when it is no job, recorded dead with the reason; then the
+    /// message is deleted. Returns how many were taken out.
+    async fn take_out(&self, lane: &Lane, msgs: Vec<StoredMessage>) -> Result<usize, String> {
+        if msgs.is_empty() {
+            return Ok(0);
+        }
+        let shared = &self.shared;
+        let broker = &shared.broker;
+        let stream = broker.stream().await.map_err(|e| e.to_string())?;
+        let max_bytes = shared.config.worker.max_payload_bytes;
+        let policy = &shared.queues[lane.queue.as_str()];
+        let mut done = 0;
+        for m in msgs {
+            let why = m.unreadable.clone().unwrap_or_default();
+            let kept = match self.job_of(lane, &m, max_bytes) {
+                Ok(job) => {
+                    let id = job.id.clone();
+                    let max_attempts = job.max_attempts.unwrap_or(policy.max_attempts as i32);
+                    let input = ClaimInput {
+                        job,
+                        max_attempts,
+                        traceparent: None,
+                    };
+                    shared.store.job_adopt(&[input]).await.map(|_| {
+                        Stats::add(&shared.stats.adopted, 1);
+                        warn!(job.id = %id, seq = m.seq, %why, "a message the NATS client cannot read was adopted from the stream and deleted there (its headers dropped); it runs again now");
+                    })
+                }
+                Err(reason) => {
+                    let own = job::message_id(&MessageOrigin {
+                        queue: &lane.queue,
+                        stream: broker.stream_name(),
+                        stream_seq: m.seq,
+                        stored_ns: m.stored_ns,
+                        msg_id: None,
+                    });
+                    let reason = format!("{reason}; besides, {why}");
+                    let row = (
+                        own.clone(),
+                        lane.queue.clone(),
+                        super::producer::invalid_payload(&m.payload),
+                        reason.clone(),
+                    );
+                    shared
+                        .store
+                        .job_dead_invalid(&shared.worker_id, &[row])
+                        .await
+                        .map(|_| {
+                            Stats::add(&shared.stats.invalid, 1);
+                            warn!(job.id = %own, seq = m.seq, %reason, "a message the NATS client cannot read was recorded dead and deleted from the stream");
+                        })
+                }
+            };
+            kept.map_err(|e| e.to_string())?;
+            broker
+                .delete_message(&stream, m.seq)
+                .await
+                .map_err(|e| e.to_string())?;
+            done += 1;
+        }
+        Ok(done)
     }
 
     /// One broker-loss repair round over this worker's queues; returns how many jobs were
