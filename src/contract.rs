@@ -978,6 +978,158 @@ pub fn render_sql(template: &str) -> String {
     out
 }
 
+/// A forbidden-character table as the body of an ECMA-262 regular-expression bracket (the
+/// JSON Schema's patterns).
+fn ecma_class(table: &[(char, char)]) -> String {
+    let esc = |c: char| format!("\\u{:04X}", c as u32);
+    table
+        .iter()
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                esc(lo)
+            } else {
+                format!("{}-{}", esc(lo), esc(hi))
+            }
+        })
+        .collect()
+}
+
+/// The message body as a JSON Schema (draft 2020-12), made from the contract's constants:
+/// `docs/message.schema.json` is this, written out (a test keeps them equal; run it with
+/// `JOBWARDEN_WRITE_SCHEMA=1` to write the file again after a change).
+pub fn json_schema() -> Value {
+    use serde_json::json;
+    let whole = |lo: i64, hi: i64, what: &str| json!({"type": ["integer", "null"], "minimum": lo, "maximum": hi, "description": what});
+    let mut units: Vec<&str> = DURATION_UNITS.iter().map(|(u, _)| *u).collect();
+    units.sort_by_key(|u| std::cmp::Reverse(u.len()));
+    let term = format!(
+        "[0-9]{{1,{MAX_DURATION_DIGITS}}}(\\.[0-9]{{1,{MAX_DURATION_DECIMALS}}})?[ \\t]*({})",
+        units.join("|")
+    );
+    let duration = json!({
+        "type": "string",
+        "maxLength": MAX_DURATION_TEXT,
+        "pattern": format!("^[ \\t]*{term}([ \\t]*{term})*[ \\t]*$"),
+        "description": format!(
+            "A duration: terms of a number (up to {MAX_DURATION_DIGITS} digits, {MAX_DURATION_DECIMALS} after a point) and a unit, e.g. \"500ms\", \"1.5s\", \"1h 30m\"; at most {} days.",
+            MAX_DELAY_MS / DAY_MS
+        ),
+    });
+    let id = json!({
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": MAX_ID_BYTES,
+        "pattern": format!("^[^{}]+$", ecma_class(ID_FORBIDDEN)),
+        "not": {"enum": [".", ".."]},
+        "description": format!(
+            "Job id: 1 to {MAX_ID_BYTES} bytes (UTF-8; maxLength counts characters); no control characters, whitespace, invisible formatting characters, '/', '?' or '#'; not '.' or '..'. Unique: a second message with an id that exists never creates a second job. Absent: the Nats-Msg-Id header when it is a valid id, else <STREAM>-<stream sequence>-<stored ns>."
+        ),
+    });
+    let key = json!({
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": MAX_KEY_BYTES,
+        "pattern": format!("^[^{}]+$", ecma_class(KEY_FORBIDDEN)),
+        "description": format!("1 to {MAX_KEY_BYTES} bytes without control or invisible characters. Unique per queue: a later message with the same key in the same queue is dropped."),
+    });
+    let backoff = json!({
+        "description": "This job's retry backoff, instead of its queue's. The delay after failed attempt n is base (fixed), base*n (linear) or base*2^(n-1) (exponential), capped at max, then spread by ±jitter/2.",
+        "type": ["object", "null"],
+        "additionalProperties": false,
+        "required": ["kind", "base"],
+        "properties": {
+            "kind": {"enum": ["fixed", "linear", "exponential"]},
+            "base": duration.clone(),
+            "max": {"$ref": "#/$defs/duration", "description": "Cap on the delay (default 1h); not below base."},
+            "jitter": {"type": "number", "minimum": 0, "maximum": 1, "description": "Fraction of the delay to spread retries over (default 0)."}
+        }
+    });
+    let storable = json!({
+        "description": "Any JSON value in which no string and no object key contains the NUL character \\u0000.",
+        "pattern": "^[^\\u0000]*$",
+        "propertyNames": {"pattern": "^[^\\u0000]*$"},
+        "additionalProperties": {"$ref": "#/$defs/storable"},
+        "items": {"$ref": "#/$defs/storable"}
+    });
+    let payload = json!({
+        "type": "object",
+        "$ref": "#/$defs/storable",
+        "description": "The job's data, handed to the handler as is: a JSON object without the NUL character \\u0000 in any string or key."
+    });
+    let then_job = json!({
+        "title": "A job of a `then` chain",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["queue", "payload"],
+        "properties": {
+            "queue": {"type": "string", "pattern": format!("^[A-Za-z0-9_-]{{1,{MAX_QUEUE_BYTES}}}$")},
+            "payload": {"$ref": "#/$defs/payload"},
+            "id": {"$ref": "#/$defs/id"},
+            "priority": whole(MIN_PRIORITY.into(), MAX_PRIORITY.into(), "0 runs first, 9 last."),
+            "max_attempts": whole(1, MAX_ATTEMPTS.into(), &format!("Default {DEFAULT_SQL_MAX_ATTEMPTS}.")),
+            "timeout_ms": whole(1, MAX_TIMEOUT_MS, "Time limit of one attempt, in milliseconds."),
+            "delay_ms": whole(0, MAX_DELAY_MS, "Wait this long after the parent completed."),
+            "idempotency_key": {"$ref": "#/$defs/key"},
+            "backoff": {"$ref": "#/$defs/backoff"},
+            "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}}
+        }
+    });
+    let fields: Vec<&str> = Door::Message.fields().to_vec();
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "jobwarden job message body",
+        "description": format!(
+            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes). See docs/message-format.md.",
+            crate::config::DEFAULT_MAX_PAYLOAD_BYTES
+        ),
+        "oneOf": [{"$ref": "#/$defs/envelope"}, {"$ref": "#/$defs/plain"}],
+        "$defs": {
+            "envelopeKey": {"enum": fields},
+            "envelope": {
+                "title": "Envelope",
+                "description": "An object with `payload` whose keys are all envelope keys. Every field but `payload` is optional; null means the same as absent. Whole numbers may be written 5, 5.0 or 5e0.",
+                "type": "object",
+                "required": ["payload"],
+                "additionalProperties": false,
+                "properties": {
+                    "payload": {"$ref": "#/$defs/payload"},
+                    "id": {"$ref": "#/$defs/id"},
+                    "priority": whole(MIN_PRIORITY.into(), MAX_PRIORITY.into(), "0 runs first, 9 last; must be the priority of the subject the message is published to (else the message is refused, and kept as a dead job a retry runs at this priority)."),
+                    "max_attempts": whole(1, MAX_ATTEMPTS.into(), "Attempts before the job is dead-lettered. Absent: the queue's max_attempts."),
+                    "timeout_ms": whole(1, MAX_TIMEOUT_MS, "Time limit of one attempt, in milliseconds (at most 7 days). Absent: the queue's timeout."),
+                    "idempotency_key": {"$ref": "#/$defs/key"},
+                    "run_at_ms": whole(0, MAX_RUN_AT_MS, "Earliest start, in Unix milliseconds. In the future: the job waits as `scheduled`. Now or in the past: it runs at once."),
+                    "backoff": {"$ref": "#/$defs/backoff"},
+                    "then": {
+                        "description": "Jobs to create when this one completes (a chain): each runs once, as its own job, and may have its own `then`. A `then` job's id is its `id`, or <this job's id>.<n> (n from 1). If this job ends dead or cancelled, its `then` jobs are never created.",
+                        "type": ["array", "null"],
+                        "maxItems": MAX_THEN_JOBS,
+                        "items": {"$ref": "#/$defs/thenJob"}
+                    },
+                    "depends_on": {
+                        "description": "Not accepted in a published message: a job that waits for others must be stored before anything runs it (SQL enqueue(..., depends_on => ...), the Rust client, or `jobwarden enqueue --depends-on`). A message with this key is dead-lettered with that reason.",
+                        "not": {}
+                    }
+                }
+            },
+            "plain": {
+                "title": "Plain payload",
+                "description": "Any JSON object that is not an envelope, taken whole as the payload with default settings. An object that has a `payload` key and only envelope keys is read as an envelope instead; one with `payload` and any other key is a plain payload.",
+                "type": "object",
+                "$ref": "#/$defs/storable",
+                "not": {"required": ["payload"], "propertyNames": {"$ref": "#/$defs/envelopeKey"}}
+            },
+            "payload": payload,
+            "storable": storable,
+            "id": id,
+            "key": key,
+            "duration": duration,
+            "backoff": backoff,
+            "thenJob": then_job
+        }
+    })
+}
+
 impl fmt::Display for Door {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -1154,6 +1306,21 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field(), "then[1].then[1].priority");
+    }
+
+    #[test]
+    fn the_published_json_schema_is_the_contracts() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/message.schema.json");
+        let made = serde_json::to_string_pretty(&json_schema()).unwrap() + "\n";
+        if std::env::var_os("JOBWARDEN_WRITE_SCHEMA").is_some() {
+            std::fs::write(path, &made).unwrap();
+        }
+        let file = std::fs::read_to_string(path).unwrap();
+        assert!(
+            file == made,
+            "docs/message.schema.json differs from contract::json_schema(): run \
+             JOBWARDEN_WRITE_SCHEMA=1 cargo test --lib the_published_json_schema"
+        );
     }
 
     #[test]

@@ -393,11 +393,7 @@ async fn every_message_is_refused_by_name_or_ends_once_and_delays_no_other_job()
             (r.runs.clone(), r.successes.clone())
         };
         for c in &canaries {
-            assert_eq!(
-                successes.get(c),
-                Some(&1),
-                "batch {batch}: canary {c}"
-            );
+            assert_eq!(successes.get(c), Some(&1), "batch {batch}: canary {c}");
         }
         // Every message: refused by name (a dead job under its own id, with the reason), or
         // its job ended (completed once, or dead), or it waits for a run_at it asked for.
