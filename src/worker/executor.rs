@@ -71,9 +71,13 @@ pub(crate) async fn execute(
     // nothing about the job's health, which only progress reports refresh.
     let keepalive_every = (shared.config.nats.ack_wait / 3).max(Duration::from_millis(100));
     let outcome = {
-        // A panicking handler is an attempt that failed, not a lost job.
-        let run =
-            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(handler.handle(&ctx)));
+        // A panicking handler is an attempt that failed (retried, with the panic's message),
+        // not a lost job and not a failure of the worker: one job's data must not stop the
+        // others (invariant 13). Panics in the executor's own code around it are the
+        // executor's failure (see `supervisor`).
+        let run = super::supervisor::caught(futures::FutureExt::catch_unwind(
+            std::panic::AssertUnwindSafe(handler.handle(&ctx)),
+        ));
         tokio::pin!(run);
         let limit = if handler.enforces_timeout() {
             job.timeout + TIMEOUT_BACKSTOP
@@ -160,8 +164,11 @@ fn outcome_of(
     match res {
         Ok(Ok(result)) => Outcome::Success(result),
         Ok(Err(e)) => e.into(),
-        Err(_) => Outcome::Retry {
-            error: "the handler panicked".into(),
+        Err(panic) => Outcome::Retry {
+            error: format!(
+                "the handler panicked: {}",
+                super::supervisor::panic_message(panic.as_ref())
+            ),
             retry_after: None,
         },
     }

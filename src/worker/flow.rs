@@ -47,6 +47,7 @@ impl Flow {
 
     /// Holds up to `want` grants if the queue's limits allow; returns how many are held.
     pub async fn reserve(&mut self, want: usize) -> usize {
+        self.shared.supervisor.failpoint(super::Service::Flow);
         if self.held >= want || Instant::now() < self.next_try {
             return self.held;
         }

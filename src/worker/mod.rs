@@ -18,6 +18,9 @@
 //! - [`reconciler`]: stream ↔ PostgreSQL: adopts messages fetched by a worker that never
 //!   claimed them, republishes queued jobs whose message is gone.
 //! - [`api`]: the local API (progress, drain, health).
+//! - [`supervisor`]: every task above runs under it, by name; a panic or an unexpected end
+//!   of any of them stops the worker (invariant 14), and [`nats_watch`] notices the NATS
+//!   client's own connection task dying.
 //!
 //! Shutdown (and the drain endpoint) is [`Shared::drain`]: stop fetching, let running jobs
 //! finish within the grace, release the rest; every loop `select!`s on its token.
@@ -32,12 +35,14 @@ mod heartbeat;
 mod janitor;
 mod ledger;
 mod metrics;
+mod nats_watch;
 mod outage;
 mod outbound;
 mod producer;
 mod reconciler;
 mod rescuer;
 mod scheduler;
+pub mod supervisor;
 
 use crate::backoff::Backoff;
 use crate::broker::{Broker, Lane};
@@ -59,6 +64,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 pub use completer::Finished;
+use supervisor::Supervisor;
+pub use supervisor::{
+    report_unsupervised_panics, Cause, FailPoints, Service, ServiceFailure, EXIT_SERVICE_FAILED,
+    FAILPOINTS_ENV,
+};
 
 /// Longest a worker's start waits to open and prepare its hot connections.
 const WARM_UP_LIMIT: Duration = Duration::from_secs(5);
@@ -198,6 +208,8 @@ pub(crate) struct Shared {
     /// A claim found this worker unregistered: the heartbeat registers it again at once.
     pub reregister: Notify,
     pub hostname: String,
+    /// Watches every task of this worker; its first failure stops the worker.
+    pub supervisor: Supervisor,
 }
 
 /// What a drain did.
@@ -290,6 +302,7 @@ impl Shared {
 pub struct Worker {
     config: Config,
     rust_handlers: HashMap<String, Arc<dyn Handler>>,
+    failpoints: FailPoints,
 }
 
 /// A started worker: its id, local API address and counters; it runs until cancelled.
@@ -321,7 +334,14 @@ impl Worker {
         Worker {
             config,
             rust_handlers: HashMap::new(),
+            failpoints: FailPoints::default(),
         }
+    }
+
+    /// Injected failures, a **test hook** (see [`FailPoints`]): never in production.
+    pub fn failpoints(mut self, points: FailPoints) -> Worker {
+        self.failpoints = points;
+        self
     }
 
     /// Registers a Rust handler under `name` (queues use it with
@@ -494,8 +514,11 @@ impl Worker {
         };
         let dashboard_addr = dashboard.as_ref().map(|(_, a)| *a);
         let stats = Arc::new(Stats::default());
+        let supervisor = Supervisor::new(self.failpoints.clone());
         let (outbound, outbound_run) = Outbound::new(broker.client.clone(), stats.clone());
-        let outbound_task = tokio::spawn(outbound_run);
+        // It ends when every handle is gone: at the end of a shutdown.
+        let outbound_task =
+            tokio::spawn(supervisor.service(Service::Outbound, None, cancel.clone(), outbound_run));
         let pacing = Pacing {
             heartbeat_every: config.worker.heartbeat_every,
             dead_after: config.worker.dead_after,
@@ -523,6 +546,7 @@ impl Worker {
             fenced: AtomicBool::new(false),
             reregister: Notify::new(),
             hostname: hostname.clone(),
+            supervisor: supervisor.clone(),
         });
         retry_transient("registering this worker", &cancel, || shared.register()).await?;
         // Before taking new work: recover what earlier incarnations of this host left.
@@ -548,35 +572,99 @@ impl Worker {
               heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
               self_fence_after = ?pacing.fence_after(), "worker started");
 
+        // Every task from here on runs under the supervisor, by name: a panic, or an end
+        // before its stop token fired, is a failure of the worker (invariant 14).
+        let sup = &supervisor;
         let mut tasks = JoinSet::new();
         let (done_tx, done_rx) = tokio::sync::mpsc::channel(4096);
         // Producers stop at `fetch_cancel`; running jobs finish and settle before the
-        // completer's channel closes (it ends when the last sender is dropped).
+        // completer's channel closes (it ends when the last sender is dropped, which only a
+        // drain makes happen: a drain cancels `fetch_cancel` first).
+        let fetch = &shared.fetch_cancel;
         for (name, lanes) in consumers {
             let policy = shared.queues[&name].clone();
             let p = producer::Producer::new(shared.clone(), policy, lanes, done_tx.clone());
-            shared.producers.spawn(p.run(shared.fetch_cancel.clone()));
+            let scope = Some(format!("queue {name}"));
+            let run = p.run(fetch.clone());
+            shared
+                .producers
+                .spawn(sup.service(Service::Producer, scope, fetch.clone(), run));
         }
         drop(done_tx);
-        tasks.spawn(completer::Completer::new(shared.clone()).run(done_rx));
+        let completer = completer::Completer::new(shared.clone()).run(done_rx);
+        tasks.spawn(sup.service(Service::Completer, None, fetch.clone(), completer));
         let background_cancel = CancellationToken::new();
         let mut background = JoinSet::new();
+        // Each runs until `background_cancel` fires, after the jobs drained.
         let bc = &background_cancel;
-        background.spawn(scheduler::Scheduler::new(shared.clone()).run(bc.clone()));
-        background.spawn(cron::CronService::new(shared.clone()).run(bc.clone()));
-        background.spawn(janitor::Janitor::new(shared.clone()).run(bc.clone()));
-        background.spawn(heartbeat::Heartbeat::new(shared.clone()).run(bc.clone()));
-        background.spawn(rescuer::Rescuer::new(shared.clone()).run(bc.clone()));
-        background.spawn(reconciler::Reconciler::new(shared.clone()).run(bc.clone()));
-        background.spawn(api::serve(listener, shared.clone(), bc.clone()));
+        let sh = &shared;
+        background.spawn(sup.service(
+            Service::Scheduler,
+            None,
+            bc.clone(),
+            scheduler::Scheduler::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Cron,
+            None,
+            bc.clone(),
+            cron::CronService::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Janitor,
+            None,
+            bc.clone(),
+            janitor::Janitor::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Heartbeat,
+            None,
+            bc.clone(),
+            heartbeat::Heartbeat::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Rescuer,
+            None,
+            bc.clone(),
+            rescuer::Rescuer::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Reconciler,
+            None,
+            bc.clone(),
+            reconciler::Reconciler::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::NatsClient,
+            None,
+            bc.clone(),
+            nats_watch::run(broker.client.clone(), bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Api,
+            None,
+            bc.clone(),
+            api::serve(listener, sh.clone(), bc.clone()),
+        ));
         if let Some((l, _)) = ops {
-            background.spawn(api::serve_ops(l, shared.clone(), bc.clone()));
+            background.spawn(sup.service(
+                Service::Metrics,
+                None,
+                bc.clone(),
+                api::serve_ops(l, sh.clone(), bc.clone()),
+            ));
         }
         if let Some((l, a)) = dashboard {
             info!(url = %format!("http://{a}/"), admin = shared.config.dashboard.admin_token.is_some(),
                   "dashboard listening");
-            background.spawn(dashboard::serve(l, shared.clone(), bc.clone()));
+            background.spawn(sup.service(
+                Service::Dashboard,
+                None,
+                bc.clone(),
+                dashboard::serve(l, sh.clone(), bc.clone()),
+            ));
         }
+        supervisor.spawn_unsupervised_failpoint();
 
         Ok(RunningWorker {
             shared,
@@ -638,16 +726,109 @@ impl RunningWorker {
         self.outbound_task.abort();
     }
 
-    /// Runs until `signal` resolves, then shuts down.
-    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
+    /// Runs until `signal` resolves (or the start's token is cancelled), then shuts down
+    /// gracefully: `Ok` with what the drain did.
+    ///
+    /// Stops early when a service fails (a panic, or an end before shutdown — see
+    /// [`supervisor`]) and returns that failure, after a **bounded, best-effort drain**:
+    /// running jobs get `shutdown_grace` to finish and settle, the rest are released (as at
+    /// any shutdown), so a failure in, say, the scheduler does not make other workers run
+    /// this worker's jobs a second time. The whole drain is bounded by `shutdown_grace` +
+    /// [`DRAIN_OVERHEAD`](crate::config::DRAIN_OVERHEAD), a signal meanwhile stops it at
+    /// once, and a panic in it is contained. When the failed service is one the drain needs
+    /// (the completer settles, the heartbeat keeps this worker's jobs its own) there is no
+    /// drain: the worker stops at once (crash-only), marks itself stopped, and the recovery
+    /// paths take its jobs back (the heartbeat reaper of any worker at once, start-up
+    /// reconciliation when the pod restarts). A failure during a graceful shutdown is
+    /// returned too.
+    pub async fn run_until(
+        self,
+        signal: impl std::future::Future<Output = ()>,
+    ) -> Result<DrainReport, ServiceFailure> {
         let cancel = self.cancel.clone();
-        tokio::select! {
-            _ = signal => {}
-            _ = cancel.cancelled() => {}
+        let supervisor = self.shared.supervisor.clone();
+        tokio::pin!(signal);
+        let failure = tokio::select! {
+            biased;
+            f = supervisor.failed() => Some(f),
+            _ = &mut signal => None,
+            _ = cancel.cancelled() => None,
+        };
+        let Some(failure) = failure else {
+            let report = self.shutdown().await;
+            return match supervisor.failure() {
+                Some(f) => Err(f.clone()),
+                None => Ok(report),
+            };
+        };
+        self.stop_after_failure(&failure, signal).await;
+        if supervisor.more() > 0 {
+            warn!(more = supervisor.more(), "further service failures followed the first (its consequences, most likely; debug level shows them)");
         }
-        self.shutdown().await;
+        info!(service = %failure.service, exit_code = EXIT_SERVICE_FAILED,
+              "worker stopped after the service failure logged above");
+        Err(failure)
+    }
+
+    /// Resolves when a service of this worker fails (for programs that do not call
+    /// [`RunningWorker::run_until`]: shut the worker down then, and exit).
+    pub async fn failed(&self) -> ServiceFailure {
+        self.shared.supervisor.failed().await
+    }
+
+    /// The first service failure, if any.
+    pub fn failure(&self) -> Option<ServiceFailure> {
+        self.shared.supervisor.failure().cloned()
+    }
+
+    /// After a service failure: the bounded drain, or none (see [`RunningWorker::run_until`]).
+    async fn stop_after_failure(
+        self,
+        failure: &ServiceFailure,
+        signal: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) {
+        // Unready at once: no new work is sent this way while it stops.
+        self.shared.draining.store(true, Ordering::SeqCst);
+        if failure.service.drain_needs_it() {
+            warn!(service = %failure.service,
+                  "no drain: a drain needs the failed service; the jobs this worker holds are taken back by recovery");
+            let (store, id) = (self.store.clone(), self.id.clone());
+            self.abort();
+            // Stopped in the workers table: any worker's reaper takes its jobs back now,
+            // instead of after `dead_after`.
+            let reason = format!("failed: {}", failure.service);
+            match tokio::time::timeout(STOP_MARK_LIMIT, store.worker_stop(&id, &reason)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(cause = %e, "could not mark the worker stopped; the heartbeat reaper takes its jobs back after dead_after"),
+                Err(_) => warn!("could not mark the worker stopped in time; the heartbeat reaper takes its jobs back after dead_after"),
+            }
+            return;
+        }
+        let limit = self.grace + crate::config::DRAIN_OVERHEAD;
+        info!(service = %failure.service, limit = %crate::config::fmt_dur(limit),
+              "draining before exit: running jobs get shutdown_grace to finish, the rest are released");
+        // In a task of its own: a panic in the drain (a lock the failure poisoned) ends the
+        // drain, not the exit.
+        let mut drain = tokio::spawn(self.shutdown());
+        tokio::select! {
+            done = &mut drain => match done {
+                Ok(report) => info!(finished = report.finished, released = report.released, "drained after the failure"),
+                Err(e) => error!(cause = %e, "the drain after the failure failed; the jobs it left are taken back by recovery"),
+            },
+            _ = tokio::time::sleep(limit) => {
+                drain.abort();
+                warn!("the drain after the failure did not end in time; the jobs it left are taken back by recovery");
+            }
+            _ = signal => {
+                drain.abort();
+                warn!("signal during the drain after the failure: stopping now; the jobs left are taken back by recovery");
+            }
+        }
     }
 }
+
+/// Longest the crash-only stop waits to mark the worker stopped.
+const STOP_MARK_LIMIT: Duration = Duration::from_secs(5);
 
 /// Retries a connection (or provisioning) with backoff (1 s doubling to 30 s), saying what
 /// is not available, until it succeeds or `cancel` fires. Errors that no wait can cure (bad

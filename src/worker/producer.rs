@@ -1135,7 +1135,7 @@ impl Producer {
         if permit.is_none() {
             self.freed.waiting.fetch_add(1, Ordering::AcqRel);
         }
-        jobs.spawn(run_in_slot(
+        jobs.spawn(shared.supervisor.job(run_in_slot(
             shared.clone(),
             attempt,
             job,
@@ -1143,7 +1143,7 @@ impl Producer {
             (permit, self.slots.clone()),
             self.freed.clone(),
             stored_ns,
-        ));
+        )));
     }
 
     /// Naks messages that were not claimed (they come back in a second), then pauses a

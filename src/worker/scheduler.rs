@@ -55,7 +55,11 @@ impl Scheduler {
             if wake.is_none() && listen_tried.is_none_or(|t| t.elapsed() >= LISTEN_RETRY) {
                 listen_tried = Some(std::time::Instant::now());
                 match self.shared.store.listen_enqueues().await {
-                    Ok(rx) => wake = Some(rx),
+                    Ok((rx, driver)) => {
+                        let sup = &self.shared.supervisor;
+                        tokio::spawn(sup.task(super::Service::Scheduler, driver));
+                        wake = Some(rx);
+                    }
                     Err(e) => debug!(cause = %e, "cannot listen for enqueues; polling"),
                 }
             }
