@@ -214,6 +214,7 @@ pub(crate) async fn report_progress(
         .await;
     match written {
         Ok(()) => {
+            shared.progress_outage.lock().expect("outage lock").ok();
             shared.outbound.ack(&acker, AckKind::Progress);
             Ok(())
         }
@@ -227,8 +228,14 @@ pub(crate) async fn report_progress(
             Err(LostOwnership(job_id.to_string()))
         }
         Err(e) => {
-            // A database blip must not stop healthy work; the report is simply not recorded.
-            warn!(job.id = %job_id, cause = %e, "progress not recorded");
+            // A database blip must not stop healthy work; the report is simply not recorded
+            // (said once per outage, not per report of every running job).
+            let cause = format!("job {job_id}: {e}");
+            shared
+                .progress_outage
+                .lock()
+                .expect("outage lock")
+                .failed(&cause);
             shared.outbound.ack(&acker, AckKind::Progress);
             Ok(())
         }

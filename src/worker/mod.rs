@@ -210,6 +210,8 @@ pub(crate) struct Shared {
     pub hostname: String,
     /// Watches every task of this worker; its first failure stops the worker.
     pub supervisor: Supervisor,
+    /// Progress reports PostgreSQL did not take: logged once per outage, not per report.
+    pub progress_outage: std::sync::Mutex<outage::Outage>,
 }
 
 /// What a drain did.
@@ -547,6 +549,7 @@ impl Worker {
             reregister: Notify::new(),
             hostname: hostname.clone(),
             supervisor: supervisor.clone(),
+            progress_outage: std::sync::Mutex::new(outage::Outage::new("progress reports")),
         });
         retry_transient("registering this worker", &cancel, || shared.register()).await?;
         // Before taking new work: recover what earlier incarnations of this host left.
@@ -878,7 +881,8 @@ where
 }
 
 /// Runs `step` until it succeeds, `fatal` says its error is one no wait can cure, or
-/// `cancel` fires; waits 1 s after the first failure, doubling up to 30 s.
+/// `cancel` fires; waits 1 s after the first failure, doubling up to 30 s, and says so once
+/// (then every 30 s), not per try (the worker's one backoff loop, [`outage`]).
 async fn retry_until<T, E, F, Fut>(
     what: &str,
     cancel: &CancellationToken,
@@ -891,22 +895,27 @@ where
     Fut: std::future::Future<Output = Result<T, E>>,
     WorkerError: From<E>,
 {
-    let mut delay = Duration::from_secs(1);
+    let mut outage =
+        outage::Outage::unavailable(what.to_string(), START_RETRY_FIRST, START_RETRY_LONGEST);
     loop {
-        match step().await {
-            Ok(v) => return Ok(v),
-            Err(e) if fatal(&e) => return Err(e.into()),
-            Err(e) => {
-                error!(cause = %e, "{what} not available; retrying in {}", crate::config::fmt_dur(delay));
+        let delay = match step().await {
+            Ok(v) => {
+                outage.ok();
+                return Ok(v);
             }
-        }
+            Err(e) if fatal(&e) => return Err(e.into()),
+            Err(e) => outage.failed(&e),
+        };
         tokio::select! {
             _ = cancel.cancelled() => return Err(WorkerError::Cancelled),
             _ = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
+
+/// Start-up's waits for a server: 1 s, doubling up to 30 s.
+const START_RETRY_FIRST: Duration = Duration::from_secs(1);
+const START_RETRY_LONGEST: Duration = Duration::from_secs(30);
 
 fn local_hostname() -> String {
     hostname::get()
@@ -914,4 +923,66 @@ fn local_hostname() -> String {
         .and_then(|h| h.into_string().ok())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    fn down() -> StoreError {
+        StoreError::Unreachable {
+            target: "db".into(),
+            cause: "connection refused".into(),
+        }
+    }
+
+    /// Start-up's retries back off, 1 s doubling to 30 s, however long the server is away.
+    #[tokio::test(start_paused = true)]
+    async fn start_up_retries_back_off_to_a_cap() {
+        let cancel = CancellationToken::new();
+        let tries = std::sync::Mutex::new(Vec::new());
+        let got = retry_transient("the test step", &cancel, || {
+            let mut t = tries.lock().unwrap();
+            t.push(tokio::time::Instant::now());
+            let n = t.len();
+            async move {
+                if n < 9 {
+                    Err(down())
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.ok(), Some(9));
+        let t = tries.into_inner().unwrap();
+        let waits: Vec<u64> = t.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn start_up_retries_end_on_a_fatal_error_or_a_cancel() {
+        let cancel = CancellationToken::new();
+        let fatal = retry_transient("the test step", &cancel, || async {
+            Err::<(), _>(StoreError::SchemaBehind {
+                schema: "s".into(),
+                have: 1,
+                need: 2,
+            })
+        })
+        .await;
+        assert!(matches!(
+            fatal,
+            Err(WorkerError::Store(StoreError::SchemaBehind { .. }))
+        ));
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            stop.cancel();
+        });
+        let cancelled =
+            retry_transient("the test step", &cancel, || async { Err::<(), _>(down()) }).await;
+        assert!(matches!(cancelled, Err(WorkerError::Cancelled)));
+    }
 }
