@@ -382,7 +382,7 @@ impl Inner {
         if self.first.set(failure.clone()).is_ok() {
             error!(service = %failure.service, scope = failure.scope.as_deref(), cause = %failure.cause,
                    exit_code = EXIT_SERVICE_FAILED,
-                   "a service of this worker failed: the worker stops (crash-only: jobs in flight go back through recovery)");
+                   "a service of this worker failed: the worker stops (what becomes of its jobs follows)");
             self.failed.cancel();
         } else {
             self.more.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,7 @@
 //! The `jobwarden` command: a thin layer that parses arguments, loads the configuration and
-//! calls the library. Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or arguments,
-//! 70 (`EX_SOFTWARE`) `run` stopped because one of the worker's services failed (a panic or
-//! an unexpected end, logged with its name and cause; see `docs/operations.md`).
+//! calls the library. Exit codes (`docs/operations.md` §9): 0 ok, 1 runtime failure, 2 bad
+//! configuration or arguments, 70 (`EX_SOFTWARE`) `run` stopped because one of the worker's
+//! services failed (a panic or an unexpected end, logged once with its name and cause).
 
 mod bench;
 mod bench_recovery;
