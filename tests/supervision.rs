@@ -189,6 +189,33 @@ async fn a_panicking_rust_handler_fails_only_its_job() {
     worker.shutdown().await;
 }
 
+/// The scheduler's LISTEN connection is a future it spawns under the supervisor: it
+/// subscribes, wakes on a SQL enqueue, and ends when its receiver is dropped.
+#[tokio::test]
+async fn the_listen_driver_wakes_on_a_sql_enqueue_and_ends_with_its_receiver() {
+    let env = TestEnv::new(QUEUE).await;
+    let (mut rx, driver) = env.store.listen_enqueues().await.expect("listen");
+    let driver = tokio::spawn(driver);
+    let c = env.store.raw().await.unwrap();
+    // The subscription is made once the driver runs: enqueue until a wake-up comes.
+    let mut woke = false;
+    for _ in 0..100 {
+        c.batch_execute("SELECT enqueue('work', '{}')")
+            .await
+            .unwrap();
+        if let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke, "no wake-up for an enqueue");
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(10), driver)
+        .await
+        .expect("the driver ends once its receiver is gone")
+        .expect("and does not panic");
+}
+
 /// Publishes, as a plain NATS client speaking the protocol over TCP, a message whose header
 /// `X-Bad` holds a lone CR (`a\rb`): nats-server 2.9 stores and delivers it; async-nats
 /// 0.51's connection task panics when it receives it.
