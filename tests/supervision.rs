@@ -13,7 +13,9 @@ mod common;
 use common::{wait_for, TestEnv};
 use jobwarden::config::Config;
 use jobwarden::handler::from_fn;
-use jobwarden::worker::{Cause, FailPoints, RunningWorker, Service, ServiceFailure, Worker};
+use jobwarden::worker::{
+    Action, Cause, FailPoints, FailTrigger, RunningWorker, Service, ServiceFailure, Worker,
+};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -392,6 +394,92 @@ async fn wait_started(dir: &Path, id: &str) {
         .await,
         "job {id} never started"
     );
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// The crash-only stop, when the drain would need the failed service (here the completer):
+/// the worker stops its handlers — none outlives it, even one that ignores SIGTERM — marks
+/// itself stopped with the cause, and any worker's reaper takes its job back at once; the job
+/// runs again, its attempt counted.
+#[tokio::test]
+async fn after_a_completer_failure_no_handler_outlives_the_worker_and_its_job_comes_back() {
+    let dir = temp_dir("crash");
+    let script = format!(
+        "[ \"$JOB_ATTEMPT\" -ge 2 ] && exit 0; echo $$ > {d}/pid-$JOB_ID; trap '' TERM; \
+         while true; do sleep 0.05; done",
+        d = dir.display()
+    );
+    let env = TestEnv::new(&format!(
+        "[queues.held]\nconcurrency = 1\nmax_attempts = 3\n\
+         handler = {{ kind = \"exec\", command = [\"sh\", \"-c\", {script:?}] }}\n"
+    ))
+    .await;
+    let trigger = FailTrigger::new();
+    let points = FailPoints::default().on_trigger(Service::Completer, Action::Panic, &trigger);
+    let worker = Worker::new(env.config.clone())
+        .failpoints(points)
+        .start(CancellationToken::new())
+        .await
+        .expect("worker start");
+    let id = worker.id.clone();
+    publish_job(&env, "held", "long").await;
+    let pid_file = dir.join("pid-long");
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let there = std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'));
+            async move { there }
+        })
+        .await,
+        "the job never started"
+    );
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(pid));
+    trigger.fire();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(60),
+        worker.run_until(std::future::pending()),
+    )
+    .await
+    .expect("the worker stops");
+    let f = ended.expect_err("a failure");
+    assert_eq!(f.service, Service::Completer);
+    assert!(!alive(pid), "the job's command outlived the worker's stop");
+    let c = env.store.raw().await.unwrap();
+    let reason: Option<String> = c
+        .query_one("SELECT stop_reason FROM workers WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reason.as_deref(), Some("failed: completer"));
+    // Another worker takes the job back and runs it again; the crash cost an attempt.
+    let other = env.worker(&[]).await;
+    assert!(env.wait_status("long", "completed", 60).await);
+    assert_eq!(
+        env.scalar("SELECT attempts::int8 FROM jobs WHERE id = 'long'")
+            .await,
+        2
+    );
+    other.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The whole path in the shipped command: a service panics while a job runs; `/livez` fails

@@ -66,8 +66,8 @@ use tracing::{debug, error, info, warn};
 pub use completer::Finished;
 use supervisor::Supervisor;
 pub use supervisor::{
-    report_unsupervised_panics, Cause, FailPoints, Service, ServiceFailure, EXIT_SERVICE_FAILED,
-    FAILPOINTS_ENV,
+    report_unsupervised_panics, Action, Cause, FailPoints, FailTrigger, Service, ServiceFailure,
+    EXIT_SERVICE_FAILED, FAILPOINTS_ENV,
 };
 
 /// Longest a worker's start waits to open and prepare its hot connections.
@@ -796,7 +796,29 @@ impl RunningWorker {
             warn!(service = %failure.service,
                   "no drain: a drain needs the failed service; the jobs this worker holds are taken back by recovery");
             let (store, id) = (self.store.clone(), self.id.clone());
-            self.abort();
+            let shared = self.shared.clone();
+            // Contained: a lock the failure poisoned must not turn exit 70 into a panic.
+            let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.abort()));
+            if stopped.is_err() {
+                error!(
+                    "stopping the handlers after the failure panicked; they end with the process"
+                );
+            }
+            // The handlers were told to stop (exec: TERM, then KILL of its process group):
+            // wait for them, bounded, so that no command outlives the process and runs on
+            // while its job runs again elsewhere. (Polled: a stop is rare, and finished
+            // attempts wait for no one here.)
+            let stopping = tokio::spawn(async move {
+                while shared.ledger.unfinished() > 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            if !matches!(
+                tokio::time::timeout(RELEASE_WAIT, stopping).await,
+                Ok(Ok(()))
+            ) {
+                warn!("some handlers did not stop in time; they end with the process");
+            }
             // Stopped in the workers table: any worker's reaper takes its jobs back now,
             // instead of after `dead_after`.
             let reason = format!("failed: {}", failure.service);

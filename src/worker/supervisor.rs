@@ -290,7 +290,7 @@ impl Supervisor {
                 tokio::pin!(run);
                 tokio::select! {
                     end = &mut run => end.into_cause(),
-                    _ = tokio::time::sleep_until(sup.0.started + point.after) => {
+                    _ = sup.due(&point) => {
                         if !sup.claim(service) {
                             // Fired in another task of the service (another queue's
                             // producer): this one carries on.
@@ -353,7 +353,11 @@ impl Supervisor {
     /// a panic there.
     pub fn failpoint(&self, service: Service) {
         if let Some(p) = self.0.points.get(service) {
-            if Instant::now() >= self.0.started + p.after && self.claim(service) {
+            let due = match &p.when {
+                When::After(after) => Instant::now() >= self.0.started + *after,
+                When::Triggered(t) => t.0.is_cancelled(),
+            };
+            if due && self.claim(service) {
                 panic!("fail point {service}=panic ({FAILPOINTS_ENV})");
             }
         }
@@ -363,11 +367,19 @@ impl Supervisor {
     /// [`report_unsupervised_panics`]'s hook can notice it).
     pub fn spawn_unsupervised_failpoint(&self) {
         if let Some(p) = self.0.points.get(Service::Unsupervised) {
-            let at = self.0.started + p.after;
+            let sup = self.clone();
             tokio::spawn(async move {
-                tokio::time::sleep_until(at).await;
+                sup.due(&p).await;
                 panic!("fail point unsupervised=panic ({FAILPOINTS_ENV})");
             });
+        }
+    }
+
+    /// Resolves when `point` is due.
+    async fn due(&self, point: &Point) {
+        match &point.when {
+            When::After(after) => tokio::time::sleep_until(self.0.started + *after).await,
+            When::Triggered(t) => t.0.cancelled().await,
         }
     }
 
@@ -478,11 +490,34 @@ pub enum Action {
     Return,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Point {
     action: Action,
-    /// How long after the worker's start it fires.
-    after: Duration,
+    when: When,
+}
+
+/// When a fail point fires.
+#[derive(Debug, Clone)]
+enum When {
+    /// This long after the worker's start.
+    After(Duration),
+    /// When the test fires its trigger.
+    Triggered(FailTrigger),
+}
+
+/// Fires the fail points added with [`FailPoints::on_trigger`]: an in-process test makes a
+/// service fail exactly when it has set the scene (a job running, say).
+#[derive(Debug, Clone, Default)]
+pub struct FailTrigger(CancellationToken);
+
+impl FailTrigger {
+    pub fn new() -> FailTrigger {
+        FailTrigger::default()
+    }
+
+    pub fn fire(&self) {
+        self.0.cancel();
+    }
 }
 
 /// Injected failures, a **test hook**: `service=action[@delay]` entries separated by commas,
@@ -491,7 +526,7 @@ struct Point {
 /// Each point fires once. `jobwarden run` reads them from `JOBWARDEN_FAILPOINTS`; library
 /// users pass them to [`Worker::failpoints`](super::Worker::failpoints). Never set it in
 /// production: it makes the worker fail on purpose.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct FailPoints(Vec<(Service, Point)>);
 
 /// The environment variable `jobwarden run` reads [`FailPoints`] from.
@@ -499,7 +534,17 @@ pub const FAILPOINTS_ENV: &str = "JOBWARDEN_FAILPOINTS";
 
 impl FailPoints {
     fn get(&self, service: Service) -> Option<Point> {
-        self.0.iter().find(|(s, _)| *s == service).map(|(_, p)| *p)
+        self.0
+            .iter()
+            .find(|(s, _)| *s == service)
+            .map(|(_, p)| p.clone())
+    }
+
+    /// Adds a point: `service` does `action` when `trigger` fires.
+    pub fn on_trigger(mut self, service: Service, action: Action, trigger: &FailTrigger) -> Self {
+        let when = When::Triggered(trigger.clone());
+        self.0.push((service, Point { action, when }));
+        self
     }
 
     pub fn is_empty(&self) -> bool {
@@ -534,7 +579,8 @@ impl std::str::FromStr for FailPoints {
                 "return" => Action::Return,
                 other => return Err(bad(format!("unknown action {other:?}"))),
             };
-            points.push((service, Point { action, after }));
+            let when = When::After(after);
+            points.push((service, Point { action, when }));
         }
         Ok(FailPoints(points))
     }
@@ -551,21 +597,22 @@ mod tests {
     #[test]
     fn fail_points_parse_and_refuse_with_the_valid_names() {
         let p = points("scheduler=panic, api=return@2s");
-        assert_eq!(
-            p.get(Service::Scheduler),
+        let when = |s| match p.get(s) {
             Some(Point {
-                action: Action::Panic,
-                after: Duration::ZERO
-            })
+                action,
+                when: When::After(after),
+            }) => Some((action, after)),
+            _ => None,
+        };
+        assert_eq!(
+            when(Service::Scheduler),
+            Some((Action::Panic, Duration::ZERO))
         );
         assert_eq!(
-            p.get(Service::Api),
-            Some(Point {
-                action: Action::Return,
-                after: Duration::from_secs(2)
-            })
+            when(Service::Api),
+            Some((Action::Return, Duration::from_secs(2)))
         );
-        assert_eq!(p.get(Service::Cron), None);
+        assert!(p.get(Service::Cron).is_none());
         assert!(points("").is_empty());
         let e = "schedular=panic".parse::<FailPoints>().unwrap_err();
         assert!(e.contains("schedular") && e.contains("scheduler"), "{e}");
