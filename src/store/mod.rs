@@ -429,10 +429,18 @@ impl Store {
     }
 
     /// Listens for `NOTIFY jobwarden_enqueue` from this schema's `enqueue()` (sent when the
-    /// enqueuing transaction commits) on a connection of its own. The receiver gets one
-    /// message per wake-up (several notifications may fold into one) and closes when the
-    /// connection ends; open it again then.
-    pub async fn listen_enqueues(&self) -> Result<tokio::sync::mpsc::Receiver<()>> {
+    /// enqueuing transaction commits) on a connection of its own. Returns the receiver, which
+    /// gets one message per wake-up (several notifications may fold into one), and the
+    /// connection's driver, which the caller spawns (under its supervisor: a panic in it is
+    /// the caller's failure). The driver subscribes, then ends — closing the receiver — when
+    /// the connection ends, the subscription fails, or the receiver is dropped: open it
+    /// again then.
+    pub async fn listen_enqueues(
+        &self,
+    ) -> Result<(
+        tokio::sync::mpsc::Receiver<()>,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    )> {
         use futures::StreamExt;
         let (client, mut conn) = self
             .pg
@@ -441,30 +449,39 @@ impl Store {
             .map_err(|e| unreachable(&self.target, &e))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let schema = self.schema.clone();
-        let driver = tokio::spawn(async move {
+        let driver = async move {
             let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
-            loop {
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    m = messages.next() => match m {
-                        Some(Ok(tokio_postgres::AsyncMessage::Notification(n)))
-                            if n.payload() == schema =>
-                        {
-                            let _ = tx.try_send(());
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => return,
-                    },
+            let drive = async {
+                loop {
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        m = messages.next() => match m {
+                            Some(Ok(tokio_postgres::AsyncMessage::Notification(n)))
+                                if n.payload() == schema =>
+                            {
+                                let _ = tx.try_send(());
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(_)) | None => return,
+                        },
+                    }
+                }
+            };
+            tokio::pin!(drive);
+            // The statement only progresses while the connection is driven: both at once.
+            tokio::select! {
+                _ = &mut drive => return,
+                subscribed = client.batch_execute("LISTEN jobwarden_enqueue") => {
+                    if subscribed.is_err() {
+                        return;
+                    }
                 }
             }
-        });
-        client.batch_execute("LISTEN jobwarden_enqueue").await?;
-        // The connection lives as long as its driver: keep the client until then.
-        tokio::spawn(async move {
-            let _client = client;
-            let _ = driver.await;
-        });
-        Ok(rx)
+            // The connection lives as long as its client: kept until the driver ends.
+            drive.await;
+            drop(client);
+        };
+        Ok((rx, driver))
     }
 
     /// Where the store points, for messages ("127.0.0.1:5432/test").

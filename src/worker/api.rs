@@ -18,8 +18,10 @@
 //!   send a custom header to another site without a CORS preflight, which nothing here
 //!   approves, so an `<img>` or a link cannot drain a worker. Anyone who can reach the ops
 //!   port can still drain it: keep the port inside the cluster (a NetworkPolicy in `k8s/`).
-//! - `GET /livez` (and `/healthz`, its older name) — the process is alive (liveness: never
-//!   checks the servers, so an outage of either never restarts every pod).
+//! - `GET /livez` (and `/healthz`, its older name) — the process is alive: `200` while every
+//!   service runs, `503` naming the failed one once one has failed (the process is then
+//!   stopping). Liveness never checks the servers, so an outage of either never restarts
+//!   every pod.
 //! - `GET /readyz` — PostgreSQL answers with the schema this build needs, NATS is connected,
 //!   and the worker is neither draining nor fenced off (readiness); `503` with the reason
 //!   otherwise.
@@ -73,11 +75,23 @@ pub(crate) async fn serve_ops(
 
 fn ops_routes() -> Router<Arc<Shared>> {
     Router::new()
-        .route("/livez", get(|| async { "ok" }))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/livez", get(live))
+        .route("/healthz", get(live))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .route("/v1/drain", get(drain_get).post(drain))
+}
+
+/// Liveness: `200 ok` while every service runs; `503` naming the failed service once one
+/// has failed (the process is stopping: see `supervisor`). Never checks the servers.
+async fn live(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    match shared.supervisor.failure() {
+        None => (StatusCode::OK, "ok".to_string()),
+        Some(f) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{f}; the worker is stopping"),
+        ),
+    }
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

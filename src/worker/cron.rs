@@ -31,6 +31,8 @@ impl CronService {
 
     pub async fn run(self, cancel: CancellationToken) {
         if self.schedules.is_empty() {
+            // Nothing to do, but a service runs until shutdown: an early end is a failure.
+            cancel.cancelled().await;
             return;
         }
         let names: Vec<&str> = self.schedules.iter().map(|s| s.name.as_str()).collect();

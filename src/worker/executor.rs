@@ -71,9 +71,13 @@ pub(crate) async fn execute(
     // nothing about the job's health, which only progress reports refresh.
     let keepalive_every = (shared.config.nats.ack_wait / 3).max(Duration::from_millis(100));
     let outcome = {
-        // A panicking handler is an attempt that failed, not a lost job.
-        let run =
-            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(handler.handle(&ctx)));
+        // A panicking handler is an attempt that failed (retried, with the panic's message),
+        // not a lost job and not a failure of the worker: one job's data must not stop the
+        // others (invariant 13). Panics in the executor's own code around it are the
+        // executor's failure (see `supervisor`).
+        let run = super::supervisor::caught(futures::FutureExt::catch_unwind(
+            std::panic::AssertUnwindSafe(handler.handle(&ctx)),
+        ));
         tokio::pin!(run);
         let limit = if handler.enforces_timeout() {
             job.timeout + TIMEOUT_BACKSTOP
@@ -160,8 +164,11 @@ fn outcome_of(
     match res {
         Ok(Ok(result)) => Outcome::Success(result),
         Ok(Err(e)) => e.into(),
-        Err(_) => Outcome::Retry {
-            error: "the handler panicked".into(),
+        Err(panic) => Outcome::Retry {
+            error: format!(
+                "the handler panicked: {}",
+                super::supervisor::panic_message(panic.as_ref())
+            ),
             retry_after: None,
         },
     }
@@ -207,6 +214,7 @@ pub(crate) async fn report_progress(
         .await;
     match written {
         Ok(()) => {
+            shared.progress_outage.lock().expect("outage lock").ok();
             shared.outbound.ack(&acker, AckKind::Progress);
             Ok(())
         }
@@ -220,8 +228,14 @@ pub(crate) async fn report_progress(
             Err(LostOwnership(job_id.to_string()))
         }
         Err(e) => {
-            // A database blip must not stop healthy work; the report is simply not recorded.
-            warn!(job.id = %job_id, cause = %e, "progress not recorded");
+            // A database blip must not stop healthy work; the report is simply not recorded
+            // (said once per outage, not per report of every running job).
+            let cause = format!("job {job_id}: {e}");
+            shared
+                .progress_outage
+                .lock()
+                .expect("outage lock")
+                .failed(&cause);
             shared.outbound.ack(&acker, AckKind::Progress);
             Ok(())
         }

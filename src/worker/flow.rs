@@ -8,10 +8,10 @@
 //!   go back;
 //! - `ended(n)` when jobs end (the cap frees); `give_back()` when there is nothing to pull.
 
+use super::outage::Outage;
 use super::{QueuePolicy, Shared};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::warn;
 
 pub(crate) struct Flow {
     shared: Arc<Shared>,
@@ -22,11 +22,15 @@ pub(crate) struct Flow {
     next_try: Instant,
     /// Jobs ended and not reported yet.
     ended: usize,
+    /// The store's failures: backed off (up to [`RETRY_MAX`]) and logged once per run.
+    outage: Outage,
 }
 
 /// The longest a producer waits before asking again (a job ending elsewhere frees the cap
 /// at any moment; the rate limit says exactly when).
 const RETRY_MAX: Duration = Duration::from_secs(1);
+/// The first wait after the store failed.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
 
 impl Flow {
     /// Flow control for a queue that has a cap or a rate limit; `None` otherwise.
@@ -37,6 +41,11 @@ impl Flow {
             held: 0,
             next_try: Instant::now(),
             ended: 0,
+            outage: Outage::between(
+                format!("flow control of queue {}", policy.name),
+                RETRY_FIRST,
+                RETRY_MAX,
+            ),
         })
     }
 
@@ -47,6 +56,7 @@ impl Flow {
 
     /// Holds up to `want` grants if the queue's limits allow; returns how many are held.
     pub async fn reserve(&mut self, want: usize) -> usize {
+        self.shared.supervisor.failpoint(super::Service::Flow);
         if self.held >= want || Instant::now() < self.next_try {
             return self.held;
         }
@@ -64,6 +74,7 @@ impl Flow {
             .await
         {
             Ok(g) => {
+                self.outage.ok();
                 self.held += g.granted;
                 if g.granted == 0 {
                     p.metrics.flow_waits.inc();
@@ -72,8 +83,8 @@ impl Flow {
                 }
             }
             Err(e) => {
-                warn!(queue = %p.name, cause = %e, "cannot take flow-control grants; retrying");
-                self.next_try = Instant::now() + RETRY_MAX;
+                let cause = format!("cannot take grants: {e}");
+                self.next_try = Instant::now() + self.outage.failed(&cause);
             }
         }
         self.held
@@ -88,13 +99,17 @@ impl Flow {
             return;
         }
         let p = &self.policy;
-        if let Err(e) = self
+        match self
             .shared
             .store
             .flow_started(&p.name, &self.shared.worker_id, claimed, messages - claimed)
             .await
         {
-            warn!(queue = %p.name, cause = %e, "cannot record started grants");
+            Ok(()) => self.outage.ok(),
+            Err(e) => {
+                self.outage
+                    .failed(&format!("cannot record started grants: {e}"));
+            }
         }
     }
 
@@ -120,8 +135,14 @@ impl Flow {
             )
             .await
         {
-            Ok(()) => self.ended = 0,
-            Err(e) => warn!(queue = %p.name, cause = %e, "cannot record ended jobs' grants"),
+            Ok(()) => {
+                self.outage.ok();
+                self.ended = 0;
+            }
+            Err(e) => {
+                self.outage
+                    .failed(&format!("cannot record ended jobs' grants: {e}"));
+            }
         }
     }
 

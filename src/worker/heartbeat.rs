@@ -33,6 +33,8 @@ pub(crate) struct Heartbeat {
     /// When the last successful beat was sent.
     last_ok: Instant,
     outage: Outage,
+    /// Lease checks and registering again: logged once per run of failures, not per beat.
+    leases: Outage,
 }
 
 enum Beat {
@@ -50,6 +52,7 @@ impl Heartbeat {
             // Registration, just before the services start, was a beat.
             last_ok: Instant::now(),
             outage: Outage::new("heartbeat"),
+            leases: Outage::new("lease check"),
         }
     }
 
@@ -87,9 +90,13 @@ impl Heartbeat {
                     match tokio::time::timeout(pacing.heartbeat_every / 2, self.check_leases())
                         .await
                     {
-                        Ok(Err(e)) => warn!(cause = %e, "lease check failed"),
-                        Err(_) => warn!("lease check timed out"),
-                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            self.leases.failed(&e);
+                        }
+                        Err(_) => {
+                            self.leases.failed(&"timed out");
+                        }
+                        Ok(Ok(())) => self.leases.ok(),
                     }
                     self.last_ok + pacing.heartbeat_every
                 }
@@ -108,7 +115,11 @@ impl Heartbeat {
                             sent + pacing.heartbeat_every
                         }
                         Err(e) => {
-                            warn!(cause = %e, "could not register again; still fenced");
+                            // Logged once per run of failures. The pace stays the
+                            // heartbeat's own (not the outage's backoff): registering is
+                            // what lets the worker take work again.
+                            let cause = format!("could not register again; still fenced: {e}");
+                            self.outage.failed(&cause);
                             Instant::now() + pacing.retry_every()
                         }
                     }

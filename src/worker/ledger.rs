@@ -181,6 +181,14 @@ impl Ledger {
         self.lock().len()
     }
 
+    /// Attempts claimed or running (not finished): whose handlers may still run.
+    pub fn unfinished(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|e| e.state != State::Finished)
+            .count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }

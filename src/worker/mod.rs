@@ -18,6 +18,9 @@
 //! - [`reconciler`]: stream ↔ PostgreSQL: adopts messages fetched by a worker that never
 //!   claimed them, republishes queued jobs whose message is gone.
 //! - [`api`]: the local API (progress, drain, health).
+//! - [`supervisor`]: every task above runs under it, by name; a panic or an unexpected end
+//!   of any of them stops the worker (invariant 14), and [`nats_watch`] notices the NATS
+//!   client's own connection task dying.
 //!
 //! Shutdown (and the drain endpoint) is [`Shared::drain`]: stop fetching, let running jobs
 //! finish within the grace, release the rest; every loop `select!`s on its token.
@@ -33,12 +36,14 @@ mod janitor;
 mod ledger;
 mod listener;
 mod metrics;
+mod nats_watch;
 mod outage;
 mod outbound;
 mod producer;
 mod reconciler;
 mod rescuer;
 mod scheduler;
+pub mod supervisor;
 
 use crate::backoff::Backoff;
 use crate::broker::{Broker, Lane};
@@ -60,6 +65,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 pub use completer::Finished;
+use supervisor::Supervisor;
+pub use supervisor::{
+    report_unsupervised_panics, Action, Cause, FailPoints, FailTrigger, Service, ServiceFailure,
+    EXIT_SERVICE_FAILED, FAILPOINTS_ENV,
+};
 
 /// Longest a worker's start waits to open and prepare its hot connections.
 const WARM_UP_LIMIT: Duration = Duration::from_secs(5);
@@ -208,6 +218,10 @@ pub(crate) struct Shared {
     pub depth: metrics::DepthCache,
     /// What the janitor last saw waiting on unserved subjects, for `/metrics`.
     pub unserved: janitor::UnservedView,
+    /// Watches every task of this worker; its first failure stops the worker.
+    pub supervisor: Supervisor,
+    /// Progress reports PostgreSQL did not take: logged once per outage, not per report.
+    pub progress_outage: std::sync::Mutex<outage::Outage>,
 }
 
 /// What a drain did.
@@ -301,6 +315,7 @@ impl Shared {
 pub struct Worker {
     config: Config,
     rust_handlers: HashMap<String, Arc<dyn Handler>>,
+    failpoints: FailPoints,
 }
 
 /// A started worker: its id, local API address and counters; it runs until cancelled.
@@ -332,7 +347,14 @@ impl Worker {
         Worker {
             config,
             rust_handlers: HashMap::new(),
+            failpoints: FailPoints::default(),
         }
+    }
+
+    /// Injected failures, a **test hook** (see [`FailPoints`]): never in production.
+    pub fn failpoints(mut self, points: FailPoints) -> Worker {
+        self.failpoints = points;
+        self
     }
 
     /// Registers a Rust handler under `name` (queues use it with
@@ -512,8 +534,11 @@ impl Worker {
         };
         let dashboard_addr = dashboard.as_ref().map(|(_, a)| *a);
         let stats = Arc::new(Stats::default());
+        let supervisor = Supervisor::new(self.failpoints.clone());
         let (outbound, outbound_run) = Outbound::new(broker.client.clone(), stats.clone());
-        let outbound_task = tokio::spawn(outbound_run);
+        // It ends when every handle is gone: at the end of a shutdown.
+        let outbound_task =
+            tokio::spawn(supervisor.service(Service::Outbound, None, cancel.clone(), outbound_run));
         let pacing = Pacing {
             heartbeat_every: config.worker.heartbeat_every,
             dead_after: config.worker.dead_after,
@@ -544,6 +569,8 @@ impl Worker {
             drained: CancellationToken::new(),
             depth: metrics::DepthCache::new(depth_store),
             unserved: janitor::UnservedView::default(),
+            supervisor: supervisor.clone(),
+            progress_outage: std::sync::Mutex::new(outage::Outage::new("progress reports")),
         });
         retry_transient("registering this worker", &cancel, || shared.register()).await?;
         // Before taking new work: recover what earlier incarnations of this host left.
@@ -569,35 +596,99 @@ impl Worker {
               heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
               self_fence_after = ?pacing.fence_after(), "worker started");
 
+        // Every task from here on runs under the supervisor, by name: a panic, or an end
+        // before its stop token fired, is a failure of the worker (invariant 14).
+        let sup = &supervisor;
         let mut tasks = JoinSet::new();
         let (done_tx, done_rx) = tokio::sync::mpsc::channel(4096);
         // Producers stop at `fetch_cancel`; running jobs finish and settle before the
-        // completer's channel closes (it ends when the last sender is dropped).
+        // completer's channel closes (it ends when the last sender is dropped, which only a
+        // drain makes happen: a drain cancels `fetch_cancel` first).
+        let fetch = &shared.fetch_cancel;
         for (name, lanes) in consumers {
             let policy = shared.queues[&name].clone();
             let p = producer::Producer::new(shared.clone(), policy, lanes, done_tx.clone());
-            shared.producers.spawn(p.run(shared.fetch_cancel.clone()));
+            let scope = Some(format!("queue {name}"));
+            let run = p.run(fetch.clone());
+            shared
+                .producers
+                .spawn(sup.service(Service::Producer, scope, fetch.clone(), run));
         }
         drop(done_tx);
-        tasks.spawn(completer::Completer::new(shared.clone()).run(done_rx));
+        let completer = completer::Completer::new(shared.clone()).run(done_rx);
+        tasks.spawn(sup.service(Service::Completer, None, fetch.clone(), completer));
         let background_cancel = CancellationToken::new();
         let mut background = JoinSet::new();
+        // Each runs until `background_cancel` fires, after the jobs drained.
         let bc = &background_cancel;
-        background.spawn(scheduler::Scheduler::new(shared.clone()).run(bc.clone()));
-        background.spawn(cron::CronService::new(shared.clone()).run(bc.clone()));
-        background.spawn(janitor::Janitor::new(shared.clone()).run(bc.clone()));
-        background.spawn(heartbeat::Heartbeat::new(shared.clone()).run(bc.clone()));
-        background.spawn(rescuer::Rescuer::new(shared.clone()).run(bc.clone()));
-        background.spawn(reconciler::Reconciler::new(shared.clone()).run(bc.clone()));
-        background.spawn(api::serve(listener, shared.clone(), bc.clone()));
+        let sh = &shared;
+        background.spawn(sup.service(
+            Service::Scheduler,
+            None,
+            bc.clone(),
+            scheduler::Scheduler::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Cron,
+            None,
+            bc.clone(),
+            cron::CronService::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Janitor,
+            None,
+            bc.clone(),
+            janitor::Janitor::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Heartbeat,
+            None,
+            bc.clone(),
+            heartbeat::Heartbeat::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Rescuer,
+            None,
+            bc.clone(),
+            rescuer::Rescuer::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Reconciler,
+            None,
+            bc.clone(),
+            reconciler::Reconciler::new(sh.clone()).run(bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::NatsClient,
+            None,
+            bc.clone(),
+            nats_watch::run(broker.client.clone(), bc.clone()),
+        ));
+        background.spawn(sup.service(
+            Service::Api,
+            None,
+            bc.clone(),
+            api::serve(listener, sh.clone(), bc.clone()),
+        ));
         if let Some((l, _)) = ops {
-            background.spawn(api::serve_ops(l, shared.clone(), bc.clone()));
+            background.spawn(sup.service(
+                Service::Metrics,
+                None,
+                bc.clone(),
+                api::serve_ops(l, sh.clone(), bc.clone()),
+            ));
         }
         if let Some((l, a)) = dashboard {
             info!(url = %format!("http://{a}/"), admin = shared.config.dashboard.admin_token.is_some(),
                   "dashboard listening");
-            background.spawn(dashboard::serve(l, shared.clone(), bc.clone()));
+            background.spawn(sup.service(
+                Service::Dashboard,
+                None,
+                bc.clone(),
+                dashboard::serve(l, sh.clone(), bc.clone()),
+            ));
         }
+        supervisor.spawn_unsupervised_failpoint();
 
         Ok(RunningWorker {
             shared,
@@ -659,27 +750,146 @@ impl RunningWorker {
         self.outbound_task.abort();
     }
 
-    /// Runs until `signal` resolves, then shuts down. A drain asked for through the API and
-    /// not followed by a stop within `worker.drained_exit_after` ends it too: a drained worker
-    /// takes no jobs, and its orchestrator (which sees it alive) would never restart it.
-    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
+    /// Runs until `signal` resolves (or the start's token is cancelled), then shuts down
+    /// gracefully: `Ok` with what the drain did. A drain asked for through the API and not
+    /// followed by a stop within `worker.drained_exit_after` ends it too (gracefully): a
+    /// drained worker takes no jobs, and its orchestrator (which sees it alive) would never
+    /// restart it.
+    ///
+    /// Stops early when a service fails (a panic, or an end before shutdown — see
+    /// [`supervisor`]) and returns that failure, after a **bounded, best-effort drain**:
+    /// running jobs get `shutdown_grace` to finish and settle, the rest are released (as at
+    /// any shutdown), so a failure in, say, the scheduler does not make other workers run
+    /// this worker's jobs a second time. The whole drain is bounded by `shutdown_grace` +
+    /// [`DRAIN_OVERHEAD`](crate::config::DRAIN_OVERHEAD), a signal meanwhile stops it at
+    /// once, and a panic in it is contained. When the failed service is one the drain needs
+    /// (the completer settles, the heartbeat keeps this worker's jobs its own) there is no
+    /// drain: the worker stops at once (crash-only), marks itself stopped, and the recovery
+    /// paths take its jobs back (the heartbeat reaper of any worker at once, start-up
+    /// reconciliation when the pod restarts). A failure during a graceful shutdown is
+    /// returned too.
+    pub async fn run_until(
+        self,
+        signal: impl std::future::Future<Output = ()>,
+    ) -> Result<DrainReport, ServiceFailure> {
         let cancel = self.cancel.clone();
+        let supervisor = self.shared.supervisor.clone();
         let after = self.shared.config.worker.drained_exit_after;
         let drained = self.shared.drained.clone();
         let drained_long = async move {
             drained.cancelled().await;
             tokio::time::sleep(after).await;
         };
-        tokio::select! {
-            _ = signal => {}
-            _ = cancel.cancelled() => {}
-            _ = drained_long => warn!(worker.id = %self.id, drained_exit_after = %crate::config::fmt_dur(after),
-                "drained on request and no stop signal came within worker.drained_exit_after: \
-                 exiting, so the orchestrator starts this worker again, serving"),
+        tokio::pin!(signal);
+        let failure = tokio::select! {
+            biased;
+            f = supervisor.failed() => Some(f),
+            _ = &mut signal => None,
+            _ = cancel.cancelled() => None,
+            _ = drained_long => {
+                warn!(worker.id = %self.id, drained_exit_after = %crate::config::fmt_dur(after),
+                      "drained on request and no stop signal came within worker.drained_exit_after: \
+                       exiting, so the orchestrator starts this worker again, serving");
+                None
+            }
+        };
+        let Some(failure) = failure else {
+            let report = self.shutdown().await;
+            return match supervisor.failure() {
+                Some(f) => Err(f.clone()),
+                None => Ok(report),
+            };
+        };
+        self.stop_after_failure(&failure, signal).await;
+        if supervisor.more() > 0 {
+            warn!(more = supervisor.more(), "further service failures followed the first (its consequences, most likely; debug level shows them)");
         }
-        self.shutdown().await;
+        info!(service = %failure.service, exit_code = EXIT_SERVICE_FAILED,
+              "worker stopped after the service failure logged above");
+        Err(failure)
+    }
+
+    /// Resolves when a service of this worker fails (for programs that do not call
+    /// [`RunningWorker::run_until`]: shut the worker down then, and exit).
+    pub async fn failed(&self) -> ServiceFailure {
+        self.shared.supervisor.failed().await
+    }
+
+    /// The first service failure, if any.
+    pub fn failure(&self) -> Option<ServiceFailure> {
+        self.shared.supervisor.failure().cloned()
+    }
+
+    /// After a service failure: the bounded drain, or none (see [`RunningWorker::run_until`]).
+    async fn stop_after_failure(
+        self,
+        failure: &ServiceFailure,
+        signal: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) {
+        // Unready at once: no new work is sent this way while it stops.
+        self.shared.draining.store(true, Ordering::SeqCst);
+        if failure.service.drain_needs_it() {
+            warn!(service = %failure.service,
+                  "no drain: a drain needs the failed service; the jobs this worker holds are taken back by recovery");
+            let (store, id) = (self.store.clone(), self.id.clone());
+            let shared = self.shared.clone();
+            // Contained: a lock the failure poisoned must not turn exit 70 into a panic.
+            let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.abort()));
+            if stopped.is_err() {
+                error!(
+                    "stopping the handlers after the failure panicked; they end with the process"
+                );
+            }
+            // The handlers were told to stop (exec: TERM, then KILL of its process group):
+            // wait for them, bounded, so that no command outlives the process and runs on
+            // while its job runs again elsewhere. (Polled: a stop is rare, and finished
+            // attempts wait for no one here.)
+            let stopping = tokio::spawn(async move {
+                while shared.ledger.unfinished() > 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            if !matches!(
+                tokio::time::timeout(RELEASE_WAIT, stopping).await,
+                Ok(Ok(()))
+            ) {
+                warn!("some handlers did not stop in time; they end with the process");
+            }
+            // Stopped in the workers table: any worker's reaper takes its jobs back now,
+            // instead of after `dead_after`.
+            let reason = format!("failed: {}", failure.service);
+            match tokio::time::timeout(STOP_MARK_LIMIT, store.worker_stop(&id, &reason)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(cause = %e, "could not mark the worker stopped; the heartbeat reaper takes its jobs back after dead_after"),
+                Err(_) => warn!("could not mark the worker stopped in time; the heartbeat reaper takes its jobs back after dead_after"),
+            }
+            return;
+        }
+        let limit = self.grace + crate::config::DRAIN_OVERHEAD;
+        info!(service = %failure.service, limit = %crate::config::fmt_dur(limit),
+              "draining before exit: running jobs get shutdown_grace to finish, the rest are released");
+        // In a task of its own: a panic in the drain (a lock the failure poisoned) ends the
+        // drain, not the exit.
+        let mut drain = tokio::spawn(self.shutdown());
+        tokio::select! {
+            done = &mut drain => match done {
+                Ok(report) => info!(finished = report.finished, released = report.released, "drained after the failure"),
+                Err(e) => error!(cause = %e, "the drain after the failure failed; the jobs it left are taken back by recovery"),
+            },
+            _ = tokio::time::sleep(limit) => {
+                drain.abort();
+                warn!("the drain after the failure did not end in time; the jobs it left are taken back by recovery");
+            }
+            _ = signal => {
+                drain.abort();
+                warn!("signal during the drain after the failure: stopping now; the jobs left are taken back by recovery");
+            }
+        }
     }
 }
+
+/// Longest the crash-only stop waits to mark the worker stopped.
+const STOP_MARK_LIMIT: Duration = Duration::from_secs(5);
 
 /// Retries a connection (or provisioning) with backoff (1 s doubling to 30 s), saying what
 /// is not available, until it succeeds or `cancel` fires. Errors that no wait can cure (bad
@@ -729,7 +939,8 @@ where
 }
 
 /// Runs `step` until it succeeds, `fatal` says its error is one no wait can cure, or
-/// `cancel` fires; waits 1 s after the first failure, doubling up to 30 s.
+/// `cancel` fires; waits 1 s after the first failure, doubling up to 30 s, and says so once
+/// (then every 30 s), not per try (the worker's one backoff loop, [`outage`]).
 async fn retry_until<T, E, F, Fut>(
     what: &str,
     cancel: &CancellationToken,
@@ -742,22 +953,27 @@ where
     Fut: std::future::Future<Output = Result<T, E>>,
     WorkerError: From<E>,
 {
-    let mut delay = Duration::from_secs(1);
+    let mut outage =
+        outage::Outage::unavailable(what.to_string(), START_RETRY_FIRST, START_RETRY_LONGEST);
     loop {
-        match step().await {
-            Ok(v) => return Ok(v),
-            Err(e) if fatal(&e) => return Err(e.into()),
-            Err(e) => {
-                error!(cause = %e, "{what} not available; retrying in {}", crate::config::fmt_dur(delay));
+        let delay = match step().await {
+            Ok(v) => {
+                outage.ok();
+                return Ok(v);
             }
-        }
+            Err(e) if fatal(&e) => return Err(e.into()),
+            Err(e) => outage.failed(&e),
+        };
         tokio::select! {
             _ = cancel.cancelled() => return Err(WorkerError::Cancelled),
             _ = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
+
+/// Start-up's waits for a server: 1 s, doubling up to 30 s.
+const START_RETRY_FIRST: Duration = Duration::from_secs(1);
+const START_RETRY_LONGEST: Duration = Duration::from_secs(30);
 
 fn local_hostname() -> String {
     hostname::get()
@@ -765,4 +981,66 @@ fn local_hostname() -> String {
         .and_then(|h| h.into_string().ok())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    fn down() -> StoreError {
+        StoreError::Unreachable {
+            target: "db".into(),
+            cause: "connection refused".into(),
+        }
+    }
+
+    /// Start-up's retries back off, 1 s doubling to 30 s, however long the server is away.
+    #[tokio::test(start_paused = true)]
+    async fn start_up_retries_back_off_to_a_cap() {
+        let cancel = CancellationToken::new();
+        let tries = std::sync::Mutex::new(Vec::new());
+        let got = retry_transient("the test step", &cancel, || {
+            let mut t = tries.lock().unwrap();
+            t.push(tokio::time::Instant::now());
+            let n = t.len();
+            async move {
+                if n < 9 {
+                    Err(down())
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.ok(), Some(9));
+        let t = tries.into_inner().unwrap();
+        let waits: Vec<u64> = t.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn start_up_retries_end_on_a_fatal_error_or_a_cancel() {
+        let cancel = CancellationToken::new();
+        let fatal = retry_transient("the test step", &cancel, || async {
+            Err::<(), _>(StoreError::SchemaBehind {
+                schema: "s".into(),
+                have: 1,
+                need: 2,
+            })
+        })
+        .await;
+        assert!(matches!(
+            fatal,
+            Err(WorkerError::Store(StoreError::SchemaBehind { .. }))
+        ));
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            stop.cancel();
+        });
+        let cancelled =
+            retry_transient("the test step", &cancel, || async { Err::<(), _>(down()) }).await;
+        assert!(matches!(cancelled, Err(WorkerError::Cancelled)));
+    }
 }

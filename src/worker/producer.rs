@@ -261,6 +261,8 @@ pub(crate) struct Producer {
     /// Rung by every job as it ends, with the count of those ended since last read.
     freed: Arc<Freed>,
     claims: Outage,
+    /// Pull requests the server did not take: backed off, logged once per outage.
+    pulls: Outage,
     /// Messages in claim statements still in flight: their slots are spoken for.
     claiming: usize,
     /// Messages wait in `held` for a slot (as of the loop's last turn): claim nothing ahead.
@@ -324,6 +326,7 @@ impl Producer {
                 queue: name,
             }),
             claims: Outage::new("claim"),
+            pulls: Outage::new("pull"),
             claiming: 0,
             holding: false,
             ready: Vec::new(),
@@ -464,6 +467,7 @@ impl Producer {
                 if let Some(i) = (n > 0).then(|| self.next_lane()).flatten() {
                     match self.send_pull(i, n, pull_bytes, false).await {
                         Ok(stream) => {
+                            self.pulls.ok();
                             let taken = unreserve_watches(&mut open, n.saturating_sub(free));
                             reserved -= taken;
                             loose -= taken;
@@ -490,8 +494,10 @@ impl Producer {
                             continue;
                         }
                         Err(e) => {
-                            pull_backoff = Duration::from_millis(500);
-                            warn!(lane = %self.lanes[i].lane, cause = %e, "pull request failed; retrying");
+                            let cause =
+                                format!("pull request on {} failed: {e}", self.lanes[i].lane);
+                            pull_backoff =
+                                self.pulls.failed(&cause).max(Duration::from_millis(500));
                             self.check_consumer(i, true).await;
                         }
                     }
@@ -513,6 +519,7 @@ impl Producer {
                     };
                     match self.send_pull(i, n, pull_bytes, true).await {
                         Ok(stream) => {
+                            self.pulls.ok();
                             let id = next_pull;
                             next_pull += 1;
                             self.lanes[i].doorbell = true;
@@ -537,8 +544,10 @@ impl Producer {
                             );
                         }
                         Err(e) => {
-                            pull_backoff = Duration::from_millis(500);
-                            warn!(lane = %self.lanes[i].lane, cause = %e, "pull request failed; retrying");
+                            let cause =
+                                format!("pull request on {} failed: {e}", self.lanes[i].lane);
+                            pull_backoff =
+                                self.pulls.failed(&cause).max(Duration::from_millis(500));
                             self.check_consumer(i, true).await;
                             break;
                         }
@@ -1158,7 +1167,7 @@ impl Producer {
         if permit.is_none() {
             self.freed.waiting.fetch_add(1, Ordering::AcqRel);
         }
-        jobs.spawn(run_in_slot(
+        jobs.spawn(shared.supervisor.job(run_in_slot(
             shared.clone(),
             attempt,
             job,
@@ -1166,7 +1175,7 @@ impl Producer {
             (permit, self.slots.clone()),
             self.freed.clone(),
             stored_ns,
-        ));
+        )));
     }
 
     /// Naks messages that were not claimed (they come back in a second), then pauses a

@@ -45,6 +45,7 @@ impl Scheduler {
     pub async fn run(self, cancel: CancellationToken) {
         let every = self.shared.config.worker.scheduler_every;
         let mut outage = Outage::new("scheduler");
+        let mut chains = Outage::new("chain resolution");
         let mut wait = every;
         // Jobs enqueued through SQL (`enqueue()`) wake the scheduler when their transaction
         // commits; polling every `scheduler_every` covers a lost connection.
@@ -55,7 +56,11 @@ impl Scheduler {
             if wake.is_none() && listen_tried.is_none_or(|t| t.elapsed() >= LISTEN_RETRY) {
                 listen_tried = Some(std::time::Instant::now());
                 match self.shared.store.listen_enqueues().await {
-                    Ok(rx) => wake = Some(rx),
+                    Ok((rx, driver)) => {
+                        let sup = &self.shared.supervisor;
+                        tokio::spawn(sup.task(super::Service::Scheduler, driver));
+                        wake = Some(rx);
+                    }
                     Err(e) => debug!(cause = %e, "cannot listen for enqueues; polling"),
                 }
             }
@@ -68,9 +73,13 @@ impl Scheduler {
                     }
                 }
             }
-            // Chains first: the jobs they make due are published in the same tick.
-            if let Err(e) = self.resolve_chains().await {
-                debug!(cause = %e, "chain round failed; trying again next tick");
+            // Chains first: the jobs they make due are published in the same tick. (Their
+            // failures back off with the publishing below, which fails with them.)
+            match self.resolve_chains().await {
+                Ok(()) => chains.ok(),
+                Err(e) => {
+                    chains.failed(&e);
+                }
             }
             if rechecked.elapsed() >= self.shared.config.worker.sweep_every {
                 rechecked = std::time::Instant::now();
@@ -116,6 +125,8 @@ impl Scheduler {
         for _ in 0..CHAIN_ROUNDS {
             let round = match store.chain_resolve(CHAIN_LIMIT, None).await {
                 Ok(round) => round,
+                // The server is away: nothing to learn one job at a time.
+                Err(e) if e.is_transient() => return Err(e),
                 Err(e) => {
                     warn!(cause = %e, "chain round failed; resolving one job at a time");
                     for id in store.chain_pending_ids(CHAIN_LIMIT).await? {

@@ -1,5 +1,7 @@
 //! The `jobwarden` command: a thin layer that parses arguments, loads the configuration and
-//! calls the library. Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or arguments.
+//! calls the library. Exit codes (`docs/operations.md` §9): 0 ok, 1 runtime failure, 2 bad
+//! configuration or arguments, 70 (`EX_SOFTWARE`) `run` stopped because one of the worker's
+//! services failed (a panic or an unexpected end, logged once with its name and cause).
 
 mod bench;
 mod bench_recovery;
@@ -12,6 +14,7 @@ use jobwarden::client::{Client, EnqueueOptions};
 use jobwarden::config::Config;
 use jobwarden::job::JobStatus;
 use jobwarden::store::Store;
+use jobwarden::worker::{FailPoints, ServiceFailure, EXIT_SERVICE_FAILED, FAILPOINTS_ENV};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -289,6 +292,8 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = match rt.block_on(real_main(cli)) {
         Ok(()) => 0,
+        // Logged once already, with its cause, when it happened.
+        Err(e) if e.downcast_ref::<ServiceFailure>().is_some() => EXIT_SERVICE_FAILED,
         Err(e) => {
             let bad_input = e
                 .downcast_ref::<jobwarden::config::ConfigErrors>()
@@ -460,14 +465,27 @@ async fn real_main(cli: Cli) -> Result<()> {
 }
 
 async fn run(config: Config) -> Result<()> {
+    // A test hook: failures injected on purpose (see FailPoints).
+    let points: FailPoints = match std::env::var(FAILPOINTS_ENV) {
+        Ok(spec) => spec.parse().map_err(BadArgs)?,
+        Err(_) => FailPoints::default(),
+    };
+    if !points.is_empty() {
+        tracing::warn!(failpoints = ?points, "{FAILPOINTS_ENV} is set: this worker will fail on purpose (a test hook; never set it in production)");
+    }
+    // A panic in any task — also one a library spawned (the NATS client's connection, an
+    // HTTP connection) — stops the worker; one inside a job's handler fails that job.
+    jobwarden::worker::report_unsupervised_panics();
     let cancel = CancellationToken::new();
-    let start = jobwarden::Worker::new(config).start(cancel.clone());
+    let start = jobwarden::Worker::new(config)
+        .failpoints(points)
+        .start(cancel.clone());
     // A signal during start-up (e.g. while waiting for an unreachable server) stops it.
     let worker = tokio::select! {
         w = start => w?,
         _ = shutdown_signal() => { cancel.cancel(); return Ok(()); }
     };
-    worker.run_until(shutdown_signal()).await;
+    worker.run_until(shutdown_signal()).await?;
     Ok(())
 }
 
