@@ -344,3 +344,90 @@ async fn an_envelope_priority_is_honoured_or_refused_never_stored_and_ignored() 
     assert_eq!(runs.lock().unwrap().get("urgent"), None);
     worker.shutdown().await;
 }
+
+/// A write PostgreSQL refuses for one job's data — here a trigger of the operator's that
+/// raises for one job — ends that job with a storable reason within a few tries, and never
+/// holds up the others. Before, any refusal but a data exception (class 22) was retried as
+/// an outage, for ever and without a pause: every job of the worker stayed `processing`.
+#[tokio::test]
+async fn a_settle_postgres_refuses_for_one_job_ends_that_job_and_holds_up_no_other() {
+    let env = TestEnv::new(
+        r#"
+[queues.email]
+concurrency = 8
+max_attempts = 3
+backoff = { kind = "fixed", base = "50ms" }
+handler = { kind = "rust", name = "h" }
+"#,
+    )
+    .await;
+    // Refuses the retry of `refused` (its first attempt fails), and every settle of `stuck`.
+    sql(
+        &env,
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF (NEW.id = 'refused' AND NEW.status = 'scheduled' AND OLD.status = 'processing') \
+              OR (NEW.id = 'stuck' AND OLD.status = 'processing') THEN \
+             RAISE EXCEPTION 'no settling % here', NEW.id; \
+           END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .await
+    .unwrap();
+    let runs = Runs::default();
+    let r = runs.clone();
+    let h = from_fn(move |job| {
+        let r = r.clone();
+        async move {
+            *r.lock().unwrap().entry(job.id.clone()).or_default() += 1;
+            if job.id == "refused" {
+                return Err(jobwarden::handler::JobError::retry("first try fails"));
+            }
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    for id in ["refused", "stuck"] {
+        env.publish_raw("email", json!({"id": id, "payload": {}}).to_string())
+            .await;
+    }
+    for i in 0..20 {
+        env.publish_raw(
+            "email",
+            json!({"id": format!("ok-{i}"), "payload": {}}).to_string(),
+        )
+        .await;
+    }
+    assert!(
+        env.wait_count("completed", 20, 30).await,
+        "completed {}, processing {}",
+        env.count("completed").await,
+        env.count("processing").await
+    );
+    assert!(env.wait_status("refused", "dead", 10).await);
+    let why = env
+        .scalar("SELECT count(*) FROM jobs WHERE id = 'refused' AND last_error LIKE 'PostgreSQL refused to settle this attempt (no settling refused here (SQLSTATE P0001))%'")
+        .await;
+    assert_eq!(why, 1, "dead with the reason");
+    // `stuck` can be settled in no form: left, unacked, for the stale sweep; said once.
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            jobwarden::worker::Stats::get(&worker.stats.unsettled) == 1
+        })
+        .await
+    );
+    assert_eq!(env.status_of("stuck").await.as_deref(), Some("processing"));
+    let runs = runs.lock().unwrap().clone();
+    assert!(
+        runs.iter()
+            .filter(|(id, _)| id.starts_with("ok-"))
+            .all(|(_, n)| *n == 1),
+        "{runs:?}"
+    );
+    assert_eq!(
+        runs.get("refused"),
+        Some(&1),
+        "its retry was never scheduled, so it ran once"
+    );
+    sql(&env, "DROP TRIGGER refuse ON jobs").await.unwrap();
+    worker.abort();
+}

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::TestEnv;
+use common::{wait_for, TestEnv};
 use jobwarden::handler::{from_fn, JobError};
 use prometheus_parse::{Sample, Scrape, Value};
 use serde_json::json;
@@ -895,5 +895,50 @@ async fn every_flooded_unserved_subject_is_dead_lettered_in_bounded_rounds() {
     })
     .await;
     assert_eq!(value(&s, "jobwarden_unserved_subjects", &[]), 0.0);
+    worker.shutdown().await;
+}
+
+/// A neighbour opening connections by the hundred gets at most the listener's cap served at
+/// once (the rest wait in the kernel's backlog): it cannot take every file descriptor of the
+/// worker, whose own connections need them. Counted by the process's open descriptors.
+#[tokio::test]
+async fn a_listener_serves_at_most_its_cap_of_connections_at_once() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"ok\" }\n").await;
+    let worker = env
+        .worker(&[("ok", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = fds();
+    const CAP: usize = 256; // listener::MAX_CONNECTIONS
+    let mut idle = Vec::new();
+    for _ in 0..CAP + 100 {
+        idle.push(
+            tokio::net::TcpStream::connect(worker.api_addr)
+                .await
+                .unwrap(),
+        );
+    }
+    // Ours (CAP + 100) and the listener's side of those it accepted: CAP at most.
+    let accepted = || fds().saturating_sub(before + CAP + 100);
+    assert!(
+        wait_for(Duration::from_secs(10), || async { accepted() >= CAP }).await,
+        "accepted {}",
+        accepted()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        accepted() <= CAP + 8,
+        "accepted {} over the cap of {CAP}",
+        accepted()
+    );
+    drop(idle);
+    // Freed, it serves again.
+    let ok = wait_for(Duration::from_secs(30), || async {
+        reqwest::get(format!("http://{}/livez", worker.api_addr))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(ok);
     worker.shutdown().await;
 }

@@ -16,6 +16,11 @@
 //!   act on the dashboard. Programs (curl, the kubelet, the application) send neither
 //!   `Origin` nor `Sec-Fetch-Site` and pass.
 //!
+//! - **Connections.** At most [`MAX_CONNECTIONS`] are served at once per listener; past it
+//!   the listener stops accepting until one closes (new ones wait in the kernel's backlog),
+//!   so a neighbour opening connections by the thousand cannot take every file descriptor
+//!   of the process, which the worker's own connections to PostgreSQL and NATS need.
+//!
 //! On cancel the listener stops accepting, asks open connections to finish their request and
 //! close, and waits at most [`CLOSE_WAIT`] for them.
 
@@ -41,6 +46,8 @@ pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
 pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after the listener is told to stop.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// Most connections served at once by one listener.
+pub(crate) const MAX_CONNECTIONS: usize = 256;
 /// Pause after a failed accept (out of file descriptors, …) before the next one.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(200);
 
@@ -57,7 +64,12 @@ pub(crate) async fn serve(
         .max_header_size(MAX_HEADER_BYTES);
     let graceful = GracefulShutdown::new();
     let mut accept_failures = 0u64;
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+        };
         let stream = tokio::select! {
             _ = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -83,6 +95,7 @@ pub(crate) async fn serve(
             if let Err(e) = conn.await {
                 debug!(listener = name, cause = %e, "connection closed");
             }
+            drop(permit);
         });
     }
     drop(listener);
