@@ -375,7 +375,9 @@ BEGIN
         SELECT f.name, contract_whole(spec, at, f.name, f.lo, f.hi)
         FROM (VALUES (1, 'priority', {{MIN_PRIORITY}}, {{MAX_PRIORITY}}),
                      (2, 'max_attempts', 1, {{MAX_ATTEMPTS}}),
-                     (3, 'timeout_ms', 1, {{MAX_TIMEOUT_MS}})) AS f(n, name, lo, hi)
+                     (3, 'timeout_ms', 1, {{MAX_TIMEOUT_MS}}),
+                     (4, 'run_at_ms', 0, {{MAX_RUN_AT_MS}}),
+                     (5, 'delay_ms', 0, {{MAX_DELAY_MS}})) AS f(n, name, lo, hi)
         ORDER BY f.n
     LOOP
         IF num IS NOT NULL THEN
@@ -386,16 +388,6 @@ BEGIN
     IF key IS NOT NULL THEN
         PERFORM contract_check_key(key, contract_join(at, 'idempotency_key'));
     END IF;
-    FOR k, num IN
-        SELECT f.name, contract_whole(spec, at, f.name, f.lo, f.hi)
-        FROM (VALUES (1, 'run_at_ms', 0, {{MAX_RUN_AT_MS}}),
-                     (2, 'delay_ms', 0, {{MAX_DELAY_MS}})) AS f(n, name, lo, hi)
-        ORDER BY f.n
-    LOOP
-        IF num IS NOT NULL THEN
-            checked := jsonb_set(checked, ARRAY[k], to_jsonb(num));
-        END IF;
-    END LOOP;
     IF spec -> 'backoff' IS NOT NULL AND jsonb_typeof(spec -> 'backoff') <> 'null' THEN
         checked := jsonb_set(checked, '{backoff}', contract_backoff(spec -> 'backoff', contract_join(at, 'backoff')));
     END IF;

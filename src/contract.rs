@@ -185,6 +185,22 @@ pub const DURATION_UNITS: &[(&str, u128)] = &[
 ];
 const NS_S: u128 = 1_000_000_000;
 
+/// Every field of a spec, as SQL `enqueue()`, the CLI, the Rust client and cron take them.
+pub const ENQUEUE_FIELDS: &[&str] = &[
+    "id",
+    "queue",
+    "payload",
+    "priority",
+    "max_attempts",
+    "timeout_ms",
+    "idempotency_key",
+    "run_at_ms",
+    "delay_ms",
+    "backoff",
+    "then",
+    "depends_on",
+];
+
 /// Where a spec comes in: which fields it may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Door {
@@ -224,20 +240,7 @@ impl Door {
                 "backoff",
                 "then",
             ],
-            Door::Enqueue => &[
-                "id",
-                "queue",
-                "payload",
-                "priority",
-                "max_attempts",
-                "timeout_ms",
-                "idempotency_key",
-                "run_at_ms",
-                "delay_ms",
-                "backoff",
-                "then",
-                "depends_on",
-            ],
+            Door::Enqueue => ENQUEUE_FIELDS,
         }
     }
 
@@ -780,6 +783,8 @@ fn check_at(
     )?;
     let max_attempts = whole_in(obj, at, "max_attempts", 1, MAX_ATTEMPTS.into())?;
     let timeout_ms = whole_in(obj, at, "timeout_ms", 1, MAX_TIMEOUT_MS)?;
+    let run_at_ms = whole_in(obj, at, "run_at_ms", 0, MAX_RUN_AT_MS)?;
+    let delay_ms = whole_in(obj, at, "delay_ms", 0, MAX_DELAY_MS)?;
     let idempotency_key = match string(obj, at, "idempotency_key")? {
         Some(k) => {
             check_key(k).map_err(|e| Refused::bad(&join(at, "idempotency_key"), e))?;
@@ -787,8 +792,6 @@ fn check_at(
         }
         None => None,
     };
-    let run_at_ms = whole_in(obj, at, "run_at_ms", 0, MAX_RUN_AT_MS)?;
-    let delay_ms = whole_in(obj, at, "delay_ms", 0, MAX_DELAY_MS)?;
     let backoff = match obj.get("backoff") {
         None | Some(Value::Null) => None,
         Some(b) => Some(check_backoff(b, &join(at, "backoff"))?),

@@ -229,22 +229,7 @@ impl Store {
         let rows = self
             .bounded_query(include_str!("sql/dashboard_workers.sql"), &[&after, &limit])
             .await?;
-        Ok(rows.map(|rows| {
-            rows.into_iter()
-                .map(|r| WorkerRow {
-                    id: r.get(0),
-                    hostname: r.get(1),
-                    pid: r.get(2),
-                    version: r.get(3),
-                    up_seconds: r.get(4),
-                    heartbeat_age_seconds: r.get(5),
-                    dead_after_ms: r.get(6),
-                    stopped_seconds_ago: r.get(7),
-                    stop_reason: r.get(8),
-                    in_flight: r.get(9),
-                })
-                .collect()
-        }))
+        Ok(rows.map(|rows| rows.into_iter().map(WorkerRow::from).collect()))
     }
 
     /// One page of a job's attempts in the order they were recorded, after the attempt row

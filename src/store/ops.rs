@@ -37,6 +37,24 @@ pub struct WorkerRow {
     pub in_flight: i64,
 }
 
+/// A row of `workers_list.sql` or `dashboard_workers.sql` (the same columns, in order).
+impl From<tokio_postgres::Row> for WorkerRow {
+    fn from(r: tokio_postgres::Row) -> WorkerRow {
+        WorkerRow {
+            id: r.get(0),
+            hostname: r.get(1),
+            pid: r.get(2),
+            version: r.get(3),
+            up_seconds: r.get(4),
+            heartbeat_age_seconds: r.get(5),
+            dead_after_ms: r.get(6),
+            stopped_seconds_ago: r.get(7),
+            stop_reason: r.get(8),
+            in_flight: r.get(9),
+        }
+    }
+}
+
 impl WorkerRow {
     /// `alive`, `silent` (heartbeat older than its dead_after, not yet reaped) or
     /// `stopped (<reason>)`.
@@ -74,18 +92,7 @@ impl Store {
         Ok(c.query(&st, &[&all, &limit, &id])
             .await?
             .into_iter()
-            .map(|r| WorkerRow {
-                id: r.get(0),
-                hostname: r.get(1),
-                pid: r.get(2),
-                version: r.get(3),
-                up_seconds: r.get(4),
-                heartbeat_age_seconds: r.get(5),
-                dead_after_ms: r.get(6),
-                stopped_seconds_ago: r.get(7),
-                stop_reason: r.get(8),
-                in_flight: r.get(9),
-            })
+            .map(WorkerRow::from)
             .collect())
     }
 

@@ -113,20 +113,8 @@ pub fn payload() -> impl Strategy<Value = Value> {
     ]
 }
 
-pub const FIELDS: &[&str] = &[
-    "id",
-    "queue",
-    "payload",
-    "priority",
-    "max_attempts",
-    "timeout_ms",
-    "idempotency_key",
-    "run_at_ms",
-    "delay_ms",
-    "backoff",
-    "then",
-    "depends_on",
-];
+/// Every field a spec may have (the widest door's).
+pub const FIELDS: &[&str] = jobwarden::contract::ENQUEUE_FIELDS;
 
 pub fn field_value(field: &'static str, depth: u32) -> BoxedStrategy<Value> {
     match field {
