@@ -3,7 +3,8 @@
 //! same verdict on the same random job specs, naming the same field; so do their duration
 //! readers and id checks. Then the examples the contract was made for, against real servers.
 //!
-//! `PROPTEST_CASES` sets how many random cases each property runs (default 512 here; run
+//! `PROPTEST_CASES` sets how many random cases each property runs (default 512, the same ones
+//! every run; any `PROPTEST_CASES` or `FUZZ_RANDOM=1` draws new ones); run
 //! `PROPTEST_CASES=20000 cargo test --release --test contract` by hand for a long run).
 
 mod common;

@@ -190,13 +190,22 @@ pub fn spec(depth: u32, then_like: bool) -> BoxedStrategy<Value> {
         .boxed()
 }
 
+/// The properties' configuration. The suite's short run is the same every time (a fixed
+/// seed: CI never fails on a case no one can replay); a long run by hand — `PROPTEST_CASES`
+/// set, or `FUZZ_RANDOM=1` — draws new cases each time, and a failure prints the seed.
 pub fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok());
+    let random = cases.is_some() || std::env::var_os("FUZZ_RANDOM").is_some();
     ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(512),
+        cases: cases.unwrap_or(512),
         failure_persistence: None,
+        rng_seed: if random {
+            proptest::test_runner::RngSeed::Random
+        } else {
+            proptest::test_runner::RngSeed::Fixed(0x6a6f_6277_6172_6465)
+        },
         ..ProptestConfig::default()
     }
 }
