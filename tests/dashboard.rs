@@ -519,12 +519,12 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
         ),
         (
             "pipeline",
-            sql("dashboard_pipeline"),
+            sql("pipeline_jobs"),
             vec![&job, &no_key, &first, &limit],
         ),
         (
             "pipeline, a later page",
-            sql("dashboard_pipeline"),
+            sql("pipeline_jobs"),
             vec![&job, &some_key, &job, &limit],
         ),
         (

@@ -34,6 +34,24 @@ pub struct PipelineJob {
     pub completed_at: Option<String>,
 }
 
+/// A row of `pipeline_jobs.sql` (its first ten columns).
+impl From<&tokio_postgres::Row> for PipelineJob {
+    fn from(r: &tokio_postgres::Row) -> PipelineJob {
+        PipelineJob {
+            id: r.get(0),
+            queue: r.get(1),
+            status: r.get(2),
+            attempts: r.get(3),
+            max_attempts: r.get(4),
+            last_error: r.get(5),
+            parents: r.get(6),
+            pending_then: r.get(7),
+            created_at: r.get(8),
+            completed_at: r.get(9),
+        }
+    }
+}
+
 impl Store {
     /// Resolves the dependents of at most `limit` ended jobs, or of `only` (see
     /// `chain_resolve.sql`).
@@ -128,21 +146,11 @@ impl Store {
         let st = c
             .prepare_cached(include_str!("sql/pipeline_jobs.sql"))
             .await?;
-        Ok(c.query(&st, &[&id])
+        let all = i64::MAX;
+        Ok(c.query(&st, &[&id, &None::<i64>, &"", &all])
             .await?
-            .into_iter()
-            .map(|r| PipelineJob {
-                id: r.get(0),
-                queue: r.get(1),
-                status: r.get(2),
-                attempts: r.get(3),
-                max_attempts: r.get(4),
-                last_error: r.get(5),
-                parents: r.get(6),
-                pending_then: r.get(7),
-                created_at: r.get(8),
-                completed_at: r.get(9),
-            })
+            .iter()
+            .map(PipelineJob::from)
             .collect())
     }
 }

@@ -277,29 +277,13 @@ impl Store {
         let (us, after_id) = (after.map(|a| a.0), after.map_or("", |a| a.1));
         let rows = self
             .bounded_query(
-                include_str!("sql/dashboard_pipeline.sql"),
+                include_str!("sql/pipeline_jobs.sql"),
                 &[&id, &us, &after_id, &limit],
             )
             .await?;
         Ok(rows.map(|rows| {
-            rows.into_iter()
-                .map(|r| {
-                    (
-                        r.get(10),
-                        PipelineJob {
-                            id: r.get(0),
-                            queue: r.get(1),
-                            status: r.get(2),
-                            attempts: r.get(3),
-                            max_attempts: r.get(4),
-                            last_error: r.get(5),
-                            parents: r.get(6),
-                            pending_then: r.get(7),
-                            created_at: r.get(8),
-                            completed_at: r.get(9),
-                        },
-                    )
-                })
+            rows.iter()
+                .map(|r| (r.get(10), PipelineJob::from(r)))
                 .collect()
         }))
     }

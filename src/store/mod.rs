@@ -755,10 +755,6 @@ pub const ALL_SQL: &[(&str, &str)] = &[
         include_str!("sql/dashboard_attempts.sql"),
     ),
     (
-        "dashboard_pipeline",
-        include_str!("sql/dashboard_pipeline.sql"),
-    ),
-    (
         "dashboard_pipeline_counts",
         include_str!("sql/dashboard_pipeline_counts.sql"),
     ),
