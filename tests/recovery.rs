@@ -782,3 +782,92 @@ async fn a_job_running_past_ack_wait_keeps_its_message_with_in_progress_acks() {
     );
     worker.shutdown().await;
 }
+
+/// Invariant 3 on the settle side: commit, then ack. A job whose handler has finished but
+/// whose settle cannot commit yet (another transaction holds its row) keeps its message
+/// unacked for as long as the settle waits; the moment the settle commits, the message is
+/// acked. (With the ack sent before the settle, the consumer shows nothing unacked while
+/// the row is still `processing`, and a crash then would lose the job's ending.)
+#[tokio::test]
+async fn a_finished_job_whose_settle_has_not_committed_keeps_its_message_unacked() {
+    let env = TestEnv::new(
+        "[queues.work]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let finish = Arc::new(tokio::sync::Notify::new());
+    let runs = Arc::new(AtomicU32::new(0));
+    let (s, f, r) = (started.clone(), finish.clone(), runs.clone());
+    let h = from_fn(move |_job| {
+        let (s, f, r) = (s.clone(), f.clone(), r.clone());
+        async move {
+            s.notify_one();
+            f.notified().await;
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(json!({"done": true})))
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    env.publish_raw("work", r#"{"id":"held-settle","payload":{}}"#)
+        .await;
+    tokio::time::timeout(Duration::from_secs(20), started.notified())
+        .await
+        .expect("the job did not start");
+
+    // Another transaction locks the job's row; the handler then finishes.
+    let mut locker = env.store.raw().await.unwrap();
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM jobs WHERE id = 'held-settle' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let me: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    finish.notify_one();
+    let watcher = env.store.raw().await.unwrap();
+    let blocked = wait_for(Duration::from_secs(10), || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                &[&me],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            >= 1
+    })
+    .await;
+    assert!(
+        blocked,
+        "the worker's settle never waited on the locked row"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler finished");
+
+    // For as long as the settle waits, the row is processing and the message unacked.
+    for _ in 0..10 {
+        assert_eq!(
+            env.status_of("held-settle").await.as_deref(),
+            Some("processing")
+        );
+        assert_eq!(
+            env.consumer_backlog("work").await,
+            (0, 1),
+            "the message must stay delivered and unacked while its settle has not committed \
+             (pending, ack_pending)"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+
+    // The lock goes; the settle commits, and only then is the message acked.
+    tx.rollback().await.unwrap();
+    assert!(env.wait_status("held-settle", "completed", 10).await);
+    env.wait_consumer_drained("work").await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(outcomes(&env.store, "held-settle").await, vec!["completed"]);
+    worker.shutdown().await;
+}
