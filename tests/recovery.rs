@@ -871,3 +871,53 @@ async fn a_finished_job_whose_settle_has_not_committed_keeps_its_message_unacked
     assert_eq!(outcomes(&env.store, "held-settle").await, vec!["completed"]);
     worker.shutdown().await;
 }
+
+/// Invariant 8, "this host only": a worker that starts under another host name right after a
+/// worker was killed does not take the killed worker's jobs at start-up, even though the
+/// killed process is provably gone on this machine — another host's incarnations are judged
+/// by their heartbeats alone, so the jobs wait for the reaper (`dead_after`) and are recorded
+/// as taken from a dead owner, not as restarted.
+#[tokio::test]
+async fn a_worker_starting_under_another_host_name_leaves_a_killed_workers_jobs_to_the_reaper() {
+    const DEAD_AFTER: Duration = Duration::from_secs(5);
+    let app = RecordingApp::start().await;
+    let env = TestEnv::new(&http_queue(
+        &app.url,
+        "heartbeat_every = \"500ms\"\ndead_after = \"5s\"\nreap_every = \"200ms\"\n\
+         sweep_every = \"500ms\"\nbroker_lost_after = \"2s\"\n",
+    ))
+    .await;
+    let mut a = ChildWorker::spawn(&env.config, "pod-a");
+    let ids = env.publish_held("elsewhere", 3).await;
+    assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
+    a.kill9();
+    let killed = Instant::now();
+    let _b = ChildWorker::spawn(&env.config, "pod-b");
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            ids.iter().all(|id| app.starts_of(id).len() == 2)
+        })
+        .await,
+        "the killed worker's jobs were not recovered"
+    );
+    for id in &ids {
+        let again = &app.starts_of(id)[1];
+        assert!(again.worker.starts_with("pod-b-"), "{again:?}");
+        // The last beat was at most one heartbeat before the kill.
+        let waited = again.at - killed;
+        assert!(
+            waited >= DEAD_AFTER - Duration::from_millis(500) - Duration::from_millis(300),
+            "{id} ran again {waited:?} after the kill, before its owner could be judged dead \
+             by its heartbeat ({DEAD_AFTER:?}): another host's start-up took it"
+        );
+    }
+    app.release();
+    assert!(env.wait_count("completed", 3, 10).await);
+    for id in &ids {
+        assert_eq!(
+            outcomes(&env.store, id).await,
+            vec!["owner_dead", "completed"],
+            "{id}"
+        );
+    }
+}
