@@ -373,16 +373,32 @@ pub struct ChildWorker {
 impl ChildWorker {
     /// Starts `jobwarden run` with `config` (written to a temp file) as `hostname`.
     pub fn spawn(config: &Config, hostname: &str) -> ChildWorker {
-        ChildWorker::spawn_with(config, hostname, None)
+        ChildWorker::spawn_with(config, hostname, None, &[])
     }
 
     /// Like [`ChildWorker::spawn`], with the process's log (stderr, at `warn`) written to
     /// `log`.
     pub fn spawn_logged(config: &Config, hostname: &str, log: &std::path::Path) -> ChildWorker {
-        ChildWorker::spawn_with(config, hostname, Some(log))
+        ChildWorker::spawn_with(config, hostname, Some(log), &[])
     }
 
-    fn spawn_with(config: &Config, hostname: &str, log: Option<&std::path::Path>) -> ChildWorker {
+    /// Like [`ChildWorker::spawn_logged`], with extra environment variables (they override
+    /// the ones set here, `RUST_LOG` included).
+    pub fn spawn_with_env(
+        config: &Config,
+        hostname: &str,
+        log: &std::path::Path,
+        envs: &[(&str, &str)],
+    ) -> ChildWorker {
+        ChildWorker::spawn_with(config, hostname, Some(log), envs)
+    }
+
+    fn spawn_with(
+        config: &Config,
+        hostname: &str,
+        log: Option<&std::path::Path>,
+        envs: &[(&str, &str)],
+    ) -> ChildWorker {
         let path = std::env::temp_dir().join(format!(
             "jobwarden-{}-{hostname}-{:08x}.toml",
             std::process::id(),
@@ -396,6 +412,7 @@ impl ChildWorker {
                 "RUST_LOG",
                 std::env::var("CHILD_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(envs.iter().copied())
             .stdin(std::process::Stdio::null());
         if let Some(log) = log {
             cmd.stderr(std::fs::File::create(log).expect("create the worker's log file"));
