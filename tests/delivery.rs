@@ -406,7 +406,9 @@ async fn messages_for_a_queue_no_pod_serves_yet_wait_then_keep_their_payload() {
     .await;
     let (h, seen) = recorder();
     let w = env.worker(&[("h", h.clone())]).await;
-    // Producers of a new queue are deployed before its workers.
+    // Producers of a new queue are deployed before its workers; another producer misspells
+    // a queue with a plain message (no envelope, no id). A served queue's job goes through
+    // meanwhile.
     env.broker
         .js
         .publish("jobs.newq", r#"{"id":"new-1","payload":{"x":1}}"#.into())
@@ -414,26 +416,53 @@ async fn messages_for_a_queue_no_pod_serves_yet_wait_then_keep_their_payload() {
         .unwrap()
         .await
         .unwrap();
+    env.publish_raw("emial", r#"{"to":"typo@example.com"}"#)
+        .await;
+    env.publish_raw("work", r#"{"id":"fine","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("fine", "completed", 10).await);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(env.status_of("new-1").await, None, "dead-lettered at once");
-    assert_eq!(stat(&w.stats.unserved_waiting), 1);
+    assert_eq!(env.count("dead").await, 0, "dead-lettered at once");
+    assert_eq!(stat(&w.stats.unserved_waiting), 2);
     let stats = common::text(&env.cli(&["stats"]));
     assert!(
-        stats.contains("newq"),
-        "stats do not show the waiting queue:\n{stats}"
+        stats.contains("newq") && stats.contains("emial"),
+        "stats do not show the waiting queues:\n{stats}"
     );
-    // After the grace it is dead-lettered with its own payload.
+    // After the grace each is dead-lettered with its own payload and the reason.
     assert!(env.wait_status("new-1", "dead", 10).await);
+    assert!(env.wait_count("dead", 2, 10).await);
     let job = env.store.job_get("new-1").await.unwrap().unwrap();
     assert_eq!(job.payload, json!({"x": 1}));
     assert_eq!(job.queue, "newq");
     assert!(job.last_error.unwrap_or_default().contains("newq"));
+    let c = env.store.raw().await.unwrap();
+    let row = c
+        .query_one(
+            "SELECT last_error, payload FROM jobs WHERE queue = 'emial' AND status = 'dead'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let reason: String = row.get(0);
+    assert!(
+        reason.contains("no worker served queue `emial`"),
+        "{reason}"
+    );
+    assert_eq!(row.get::<_, Value>(1), json!({"to": "typo@example.com"}));
     // The row is committed a moment before the counter moves.
     let counted = common::wait_for(Duration::from_secs(5), || async {
-        stat(&w.stats.unserved_dead_lettered) >= 1
+        stat(&w.stats.unserved_dead_lettered) >= 2
     })
     .await;
-    assert!(counted, "the dead-lettered message was not counted");
+    assert!(counted, "the dead-lettered messages were not counted");
+    // The messages are out of the stream, and no consumer was ever created for them (only
+    // the eleven lanes of `work`).
+    let mut stream = env.broker.stream().await.unwrap();
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.state.messages, 0, "{:?}", info.state);
+    assert_eq!(info.state.consumer_count, 11, "{:?}", info.state);
     // The queue's workers arrive; a retry runs the real job.
     let mut cfg = env.config.clone();
     cfg.queues.insert("newq".into(), cfg.queues["work"].clone());

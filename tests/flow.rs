@@ -248,6 +248,27 @@ async fn fifty_concurrent_enqueues_with_one_key_make_one_job_and_another_payload
     assert_eq!(ids.len(), 1, "one key made {} jobs", ids.len());
     let rows = env.scalar("SELECT count(*) FROM jobs").await;
     assert_eq!(rows, 1);
+    // The one job runs, once; an enqueue with the key after it finished is still that job.
+    let runs = Arc::new(Mutex::new(Vec::<String>::new()));
+    let r = runs.clone();
+    let h = from_fn(move |job| {
+        let r = r.clone();
+        async move {
+            r.lock().unwrap().push(job.id.clone());
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let only = ids.iter().next().unwrap().clone();
+    assert!(env.wait_status(&only, "completed", 10).await);
+    let again = client
+        .enqueue("work", json!({"order": 42}), key_opts())
+        .await
+        .unwrap();
+    assert!(!again.created && again.id == only, "{again:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(*runs.lock().unwrap(), vec![only.clone()], "runs");
+    worker.shutdown().await;
     // The same key for another payload is another job: a clear error, nothing stored.
     let err = client
         .enqueue("work", json!({"order": 43}), key_opts())

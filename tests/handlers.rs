@@ -1,11 +1,9 @@
-//! The three handler kinds end to end through a real worker, the producer client, and
-//! messages for queues nobody serves.
+//! The handler kinds end to end through a real worker: http (the app reporting progress on
+//! the local API) and exec (stdin, progress, result).
 
 mod common;
 
-use common::{stat, wait_for, TestEnv};
-use jobwarden::client::{Client, EnqueueOptions};
-use jobwarden::handler::from_fn;
+use common::{wait_for, TestEnv};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -152,138 +150,5 @@ async fn exec_handler_reads_stdin_reports_progress_and_returns_a_result() {
         "{err}"
     );
     env.wait_consumer_drained("pdf").await;
-    worker.shutdown().await;
-}
-
-#[tokio::test]
-async fn client_enqueue_runs_once_per_idempotency_key_and_delays_wait_in_postgres() {
-    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
-    let runs = Arc::new(Mutex::new(Vec::<(String, Value)>::new()));
-    let r = runs.clone();
-    let h = from_fn(move |job| {
-        let r = r.clone();
-        async move {
-            r.lock()
-                .unwrap()
-                .push((job.id.clone(), job.payload.clone()));
-            Ok(None)
-        }
-    });
-    let worker = env.worker(&[("h", h)]).await;
-    let client = Client::new(env.store.clone(), env.broker.clone());
-    let opts = EnqueueOptions {
-        idempotency_key: Some("order-42".into()),
-        ..Default::default()
-    };
-    let a = client
-        .enqueue("work", json!({"charge": 42}), opts.clone())
-        .await
-        .unwrap();
-    let b = client
-        .enqueue("work", json!({"charge": 42}), opts)
-        .await
-        .unwrap();
-    assert!(a.created && !b.created);
-    assert_eq!(a.id, b.id, "the second enqueue returns the first job");
-    let delayed = client
-        .enqueue(
-            "work",
-            json!({"later": true}),
-            EnqueueOptions {
-                delay: Some(Duration::from_millis(1500)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(delayed.status.as_str(), "scheduled");
-    assert!(env.wait_status(&a.id, "completed", 10).await);
-    // Not before its time.
-    assert_eq!(
-        env.status_of(&delayed.id).await.as_deref(),
-        Some("scheduled")
-    );
-    assert!(env.wait_status(&delayed.id, "completed", 10).await);
-    let c = env.store.raw().await.unwrap();
-    let waited: f64 = c
-        .query_one(
-            "SELECT extract(epoch FROM started_at - created_at)::float8 FROM jobs WHERE id = $1",
-            &[&delayed.id],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(waited >= 1.5, "delayed job started after {waited}s");
-    let runs = runs.lock().unwrap().clone();
-    assert_eq!(runs.iter().filter(|(id, _)| id == &a.id).count(), 1);
-    assert_eq!(runs.len(), 2);
-    assert!(stat(&worker.stats.scheduled_published) >= 1);
-    // Bad input through the client: clear errors, nothing stored.
-    let err = client
-        .enqueue("work", json!([1, 2]), EnqueueOptions::default())
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "field `payload` must be an object, found an array"
-    );
-    let err = client
-        .enqueue("bad queue", json!({}), EnqueueOptions::default())
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("field `queue` is invalid: queue name \"bad queue\" must be 1 to 64"),
-        "{err}"
-    );
-    worker.shutdown().await;
-}
-
-#[tokio::test]
-async fn messages_for_a_queue_nobody_serves_are_dead_lettered_with_the_reason_and_payload() {
-    let env = TestEnv::new("[queues.email]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
-    // sweep_every drives the janitor, unserved_grace how long messages wait; short here.
-    let mut config = env.config.clone();
-    config.worker.sweep_every = Duration::from_millis(300);
-    config.worker.unserved_grace = Duration::from_millis(500);
-    let h = from_fn(|_job| async { Ok(None) });
-    let worker = env.worker_with(config, &[("h", h)]).await;
-    env.publish_raw("emial", r#"{"to":"typo@example.com"}"#)
-        .await;
-    env.publish_raw("email", r#"{"id":"fine","payload":{}}"#)
-        .await;
-    assert!(
-        wait_for(Duration::from_secs(15), || async {
-            env.count("dead").await == 1 && env.count("completed").await == 1
-        })
-        .await,
-        "dead {} completed {}",
-        env.count("dead").await,
-        env.count("completed").await
-    );
-    let c = env.store.raw().await.unwrap();
-    let row = c
-        .query_one(
-            "SELECT queue, last_error, payload FROM jobs WHERE status = 'dead'",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, String>(0), "emial");
-    let reason: String = row.get(1);
-    assert!(
-        reason.contains("no worker served queue `emial`"),
-        "{reason}"
-    );
-    // The job keeps its own payload, so a retry runs the real job.
-    let payload: Value = row.get(2);
-    assert_eq!(payload, json!({"to": "typo@example.com"}));
-    assert_eq!(stat(&worker.stats.unserved_dead_lettered), 1);
-    // The message is out of the stream, and no consumer was ever created for it (only the
-    // eleven lanes of `email`).
-    let mut stream = env.broker.stream().await.unwrap();
-    let info = stream.info().await.unwrap();
-    assert_eq!(info.state.messages, 0, "{:?}", info.state);
-    assert_eq!(info.state.consumer_count, 11, "{:?}", info.state);
     worker.shutdown().await;
 }

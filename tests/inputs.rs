@@ -431,3 +431,32 @@ handler = { kind = "rust", name = "h" }
     sql(&env, "DROP TRIGGER refuse ON jobs").await.unwrap();
     worker.abort();
 }
+
+/// The Rust client is a door like the others: a job the contract refuses is an error naming
+/// the field and the value, and nothing is stored or published.
+#[tokio::test]
+async fn the_rust_client_refuses_a_bad_job_with_the_contracts_error_and_stores_nothing() {
+    use jobwarden::client::{Client, EnqueueOptions};
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    let client = Client::new(env.store.clone(), env.broker.clone());
+    let err = client
+        .enqueue("work", json!([1, 2]), EnqueueOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "field `payload` must be an object, found an array"
+    );
+    let err = client
+        .enqueue("bad queue", json!({}), EnqueueOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("field `queue` is invalid: queue name \"bad queue\" must be 1 to 64"),
+        "{err}"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM jobs").await, 0);
+    let (pending, unacked) = env.consumer_backlog("work").await;
+    assert_eq!((pending, unacked), (0, 0), "nothing was published");
+}

@@ -326,34 +326,75 @@ async fn readiness_turns_503_during_a_postgres_outage_and_on_drain_liveness_neve
     worker.shutdown().await;
 }
 
+/// A drain (as the preStop hook sends it, on the ops port) turns the worker unready at once
+/// but leaves it alive, lets a running job that ends within `shutdown_grace` finish, gives
+/// back one that does not (without costing it an attempt), and answers only then, with what
+/// it did.
 #[tokio::test]
-async fn a_prestop_drain_on_the_ops_port_answers_only_when_the_running_job_is_done() {
+async fn a_prestop_drain_finishes_what_ends_within_the_grace_and_releases_the_rest() {
     let env = TestEnv::new(
-        "[queues.held]\nconcurrency = 2\nhandler = { kind = \"rust\", name = \"wait\" }\n",
+        "shutdown_grace = \"2s\"\n\
+         [queues.held]\nconcurrency = 2\nhandler = { kind = \"rust\", name = \"h\" }\n",
     )
     .await;
-    let (wait, gate) = gated();
-    let worker = env.worker(&[("wait", wait)]).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let g = gate.clone();
+    let h = from_fn(move |job| {
+        let g = g.clone();
+        async move {
+            if job.id == "d-hang" {
+                job.cancel.cancelled().await;
+                return Err(JobError::retry("cancelled"));
+            }
+            g.acquire().await.unwrap().forget();
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
     let ops = worker.ops_addr.expect("ops listener");
-    env.publish_raw("held", json!({"id": "d-1", "payload": {}}).to_string())
-        .await;
-    assert!(env.wait_status("d-1", "processing", 10).await);
+    for id in ["d-finish", "d-hang"] {
+        env.publish_raw("held", json!({"id": id, "payload": {}}).to_string())
+            .await;
+    }
+    assert!(env.wait_count("processing", 2, 10).await);
+    assert_eq!(get(ops, "/readyz").await.0, 200);
     let drain = tokio::spawn(async move { drain_prestop(ops).await });
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
         !drain.is_finished(),
-        "the drain must wait for the running job"
+        "the drain must wait for the running jobs"
     );
     assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
+    assert_eq!(
+        get(ops, "/livez").await.0,
+        200,
+        "a draining worker is alive"
+    );
+    assert_eq!(get(ops, "/healthz").await.0, 200);
     gate.add_permits(1);
     let (status, body) = tokio::time::timeout(Duration::from_secs(10), drain)
         .await
-        .expect("the drain answers once the job is done")
+        .expect("the drain answers once the grace is over")
         .unwrap();
-    assert_eq!(status, 200);
+    assert_eq!(status, 200, "{body}");
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(report, json!({"finished": 1, "released": 0}));
-    assert_eq!(env.status_of("d-1").await.as_deref(), Some("completed"));
+    assert_eq!(report, json!({"finished": 1, "released": 1}));
+    assert_eq!(
+        env.status_of("d-finish").await.as_deref(),
+        Some("completed")
+    );
+    let hung = env.store.job_get("d-hang").await.unwrap().unwrap();
+    assert_eq!(hung.attempts, 0, "released without costing an attempt");
+    assert!(
+        matches!(hung.status.as_str(), "scheduled" | "queued"),
+        "{}",
+        hung.status
+    );
+    assert_eq!(
+        common::outcomes(&env.store, "d-hang").await,
+        vec!["released"]
+    );
+    assert_eq!(get(ops, "/readyz").await, (503, "draining".to_string()));
     worker.shutdown().await;
 }
 

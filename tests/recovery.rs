@@ -428,66 +428,6 @@ async fn a_job_that_kills_its_worker_every_time_ends_dead_after_max_attempts() {
 }
 
 #[tokio::test]
-async fn drain_endpoint_releases_running_jobs_and_turns_unready() {
-    let env = TestEnv::new(
-        "shutdown_grace = \"300ms\"\n[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n",
-    )
-    .await;
-    let h = from_fn(|job| async move {
-        job.cancel.cancelled().await;
-        Err(JobError::retry("cancelled"))
-    });
-    let worker = env.worker(&[("h", h)]).await;
-    env.publish_raw("work", r#"{"id":"drained","payload":{}}"#)
-        .await;
-    assert!(env.wait_status("drained", "processing", 10).await);
-    let base = format!("http://{}", worker.api_addr);
-    let http = reqwest::Client::new();
-    assert_eq!(
-        http.get(format!("{base}/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    let report: serde_json::Value = http
-        .post(format!("{base}/v1/drain"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(report, json!({"finished": 0, "released": 1}));
-    assert_eq!(
-        http.get(format!("{base}/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        503
-    );
-    assert_eq!(
-        http.get(format!("{base}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    let job = env.store.job_get("drained").await.unwrap().unwrap();
-    assert_eq!(job.attempts, 0, "released without costing an attempt");
-    assert!(
-        matches!(job.status.as_str(), "scheduled" | "queued"),
-        "{}",
-        job.status
-    );
-    assert_eq!(outcomes(&env.store, "drained").await, vec!["released"]);
-    worker.shutdown().await;
-}
-
-#[tokio::test]
 async fn postgres_and_nats_restarts_lose_nothing() {
     let pg = common::testkit::PgCluster::start().unwrap();
     let mut env = TestEnv::with_database(
