@@ -7,6 +7,7 @@ use jobwarden::broker::{Broker, Lane};
 use jobwarden::config::Config;
 use jobwarden::store::Store;
 pub mod generators;
+pub mod tools;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
 pub mod testkit;
 
