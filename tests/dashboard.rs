@@ -35,6 +35,7 @@ const INSTALL_BROWSER: &str =
     "apt-get install -y chromium chromium-driver (as root; bash scripts/ensure-servers.sh --browser does it)";
 
 /// A browser binary at its default path, or where `env` says.
+#[track_caller]
 fn browser_binary(name: &str, env: &str, default: &str) -> Option<PathBuf> {
     let path = std::env::var_os(env).map_or_else(|| PathBuf::from(default), PathBuf::from);
     common::tools::require_tool(name, &path, INSTALL_BROWSER)
@@ -53,6 +54,7 @@ mod tempdir {
 impl Driver {
     /// Starts chromedriver, or `None` when Chromium or chromedriver is missing outside CI
     /// (in CI the test fails: [`common::tools::require_tool`]).
+    #[track_caller]
     fn start() -> Option<Driver> {
         let chromium = browser_binary("chromium", "JOBWARDEN_CHROMIUM", CHROMIUM)?;
         let chromedriver = browser_binary("chromedriver", "JOBWARDEN_CHROMEDRIVER", CHROMEDRIVER)?;

@@ -75,10 +75,20 @@ fn tools_dir() -> PathBuf {
     cache.join("jobwarden/deploy-tools")
 }
 
-/// The pinned tool `name` (kubectl, kubernetes-validate, yamllint, hadolint): its path, or
-/// `None` outside CI when it is missing (in CI the test fails instead).
-fn tool(name: &str) -> Option<PathBuf> {
-    common::tools::require_tool(name, &tools_dir().join("bin").join(name), INSTALL)
+/// The pinned tools `names` (kubectl, kubernetes-validate, yamllint, hadolint): their paths,
+/// or `None` outside CI when one is missing (in CI the test fails instead). Stops at the
+/// first missing one, so a skipping test says so in one line.
+#[track_caller]
+fn tools<const N: usize>(names: [&str; N]) -> Option<[PathBuf; N]> {
+    let mut found = Vec::with_capacity(N);
+    for name in names {
+        found.push(common::tools::require_tool(
+            name,
+            &tools_dir().join("bin").join(name),
+            INSTALL,
+        )?);
+    }
+    found.try_into().ok()
 }
 
 /// Runs a command in the repository, with `input` on its standard input.
@@ -150,17 +160,15 @@ impl Rendered {
     }
 }
 
-/// Every kustomization rendered (the pinned `kubectl kustomize`, once per test binary) and
-/// parsed, or `None` outside CI when kubectl is missing (asked on every call, so each test
-/// that needs it says it skips).
-fn rendered() -> Option<&'static [Rendered]> {
-    let kubectl = tool("kubectl")?;
+/// Every kustomization rendered by `kubectl` (the pinned `kubectl kustomize`, once per test
+/// binary) and parsed.
+fn rendered(kubectl: &Path) -> &'static [Rendered] {
     static RENDERED: OnceLock<Vec<Rendered>> = OnceLock::new();
-    Some(RENDERED.get_or_init(|| {
+    RENDERED.get_or_init(|| {
         KUSTOMIZATIONS
             .iter()
             .map(|dir| {
-                let out = run(&kubectl, &["kustomize", dir], None);
+                let out = run(kubectl, &["kustomize", dir], None);
                 assert!(
                     out.status.success(),
                     "kubectl kustomize {dir} failed:\n{}",
@@ -172,15 +180,15 @@ fn rendered() -> Option<&'static [Rendered]> {
                 Rendered { dir, yaml, docs }
             })
             .collect()
-    }))
+    })
 }
 
-fn render(dir: &str) -> Option<&'static Rendered> {
-    rendered().map(|all| {
-        all.iter()
-            .find(|r| r.dir == dir)
-            .expect("a known kustomization")
-    })
+/// One kustomization of [`rendered`].
+fn render(kubectl: &Path, dir: &str) -> &'static Rendered {
+    rendered(kubectl)
+        .iter()
+        .find(|r| r.dir == dir)
+        .expect("a known kustomization")
 }
 
 /// Every document of a YAML stream (`what` says where it came from), as JSON; empty
@@ -359,11 +367,8 @@ fn configmap_file() -> (PathBuf, String) {
     let mut source = None;
     for dir in KUSTOMIZATIONS {
         let file = format!("{dir}/kustomization.yaml");
-        let k = yaml_to_json(
-            &std::fs::read_to_string(repo().join(&file)).unwrap(),
-            &file,
-        )
-        .remove(0);
+        let k =
+            yaml_to_json(&std::fs::read_to_string(repo().join(&file)).unwrap(), &file).remove(0);
         for key in k.as_object().unwrap().keys() {
             assert!(
                 KUSTOMIZATION_KEYS.split(' ').any(|known| known == key),
@@ -380,7 +385,10 @@ fn configmap_file() -> (PathBuf, String) {
             );
         }
         for generator in k["configMapGenerator"].as_array().into_iter().flatten() {
-            assert_eq!(dir, "k8s/base", "{file}: a ConfigMap generator outside k8s/base");
+            assert_eq!(
+                dir, "k8s/base",
+                "{file}: a ConfigMap generator outside k8s/base"
+            );
             for entry in generator["files"].as_array().into_iter().flatten() {
                 // `path` or `key=path`
                 let entry = entry.as_str().unwrap();
@@ -394,8 +402,7 @@ fn configmap_file() -> (PathBuf, String) {
     let path = source.unwrap_or_else(|| {
         panic!("k8s/base/kustomization.yaml: no configMapGenerator file {CONFIG_KEY}")
     });
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     (path, text)
 }
 
@@ -518,9 +525,10 @@ fn duration(config: &toml::Value, section: &str, key: &str) -> Duration {
 
 #[test]
 fn every_kustomization_renders_and_validates_against_kubernetes_1_29_and_1_33() {
-    let (Some(all), Some(validator)) = (rendered(), tool("kubernetes-validate")) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     let mut problems = Vec::new();
     for r in all {
         // Every resource but the NACK ones is checked against a schema, none skipped.
@@ -551,12 +559,10 @@ fn every_kustomization_renders_and_validates_against_kubernetes_1_29_and_1_33() 
 
 #[test]
 fn validation_rejects_an_unknown_field_and_an_unknown_kind() {
-    let (Some(r), Some(validator)) = (
-        render("k8s/overlays/example"),
-        tool("kubernetes-validate"),
-    ) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let r = render(&kubectl, "k8s/overlays/example");
     let typo = r
         .yaml
         .replace("failureThreshold: 150", "failureThreshhold: 150");
@@ -582,13 +588,11 @@ fn validation_rejects_an_unknown_field_and_an_unknown_kind() {
 
 #[test]
 fn native_sidecar_needs_1_29_and_the_classic_variant_validates_against_1_27() {
-    let (Some(native), Some(classic), Some(validator)) = (
-        render("k8s/overlays/example"),
-        render("k8s/overlays/classic-sidecar"),
-        tool("kubernetes-validate"),
-    ) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let native = render(&kubectl, "k8s/overlays/example");
+    let classic = render(&kubectl, "k8s/overlays/classic-sidecar");
     // 1.27 has no restartPolicy on containers: the native sidecar is refused there...
     let problems = validation_problems(&validator, &native.yaml, "1.27.0");
     assert!(
@@ -613,7 +617,7 @@ fn native_sidecar_needs_1_29_and_the_classic_variant_validates_against_1_27() {
 
 #[test]
 fn k8s_yaml_passes_yamllint() {
-    let Some(yamllint) = tool("yamllint") else {
+    let Some([yamllint]) = tools(["yamllint"]) else {
         return;
     };
     let out = run(
@@ -630,7 +634,7 @@ fn k8s_yaml_passes_yamllint() {
 
 #[test]
 fn dockerfile_passes_hadolint() {
-    let Some(hadolint) = tool("hadolint") else {
+    let Some([hadolint]) = tools(["hadolint"]) else {
         return;
     };
     let out = run(&hadolint, &["Dockerfile"], None);
@@ -643,9 +647,10 @@ fn dockerfile_passes_hadolint() {
 
 #[test]
 fn configmap_passes_config_check_with_each_pods_environment() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     let (source, source_text) = configmap_file();
     for r in all {
         let (cm, toml_text) = config_map(r);
@@ -752,9 +757,10 @@ fn the_configmaps_commented_out_nats_tls_settings_are_valid_when_turned_on() {
 
 #[test]
 fn workers_run_as_a_parallel_statefulset_named_after_their_pods_without_migrating() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         let sts = r.one("StatefulSet").unwrap();
         let pod = &sts["spec"]["template"]["spec"];
@@ -827,9 +833,10 @@ fn workers_run_as_a_parallel_statefulset_named_after_their_pods_without_migratin
 
 #[test]
 fn termination_grace_matches_the_sidecars_env_and_covers_shutdown_grace_plus_30s() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         let sts = r.one("StatefulSet").unwrap();
         let pod = &sts["spec"]["template"]["spec"];
@@ -880,9 +887,10 @@ fn termination_grace_matches_the_sidecars_env_and_covers_shutdown_grace_plus_30s
 
 #[test]
 fn probes_and_the_prestop_hook_reach_the_ops_port() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         let pod = &r.one("StatefulSet").unwrap()["spec"]["template"]["spec"];
         let (sc, native) = sidecar(pod).unwrap();
@@ -967,9 +975,10 @@ fn probes_and_the_prestop_hook_reach_the_ops_port() {
 
 #[test]
 fn every_container_has_requests_limits_and_the_restricted_security_context() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         for (kind, template) in r.pod_templates() {
             let pod = &template["spec"];
@@ -1030,7 +1039,7 @@ fn every_container_has_requests_limits_and_the_restricted_security_context() {
             }
         }
     }
-    let example = render("k8s/overlays/example").unwrap();
+    let example = render(&kubectl, "k8s/overlays/example");
     let ns = example.one("Namespace").expect("the example's Namespace");
     assert_eq!(
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
@@ -1040,9 +1049,10 @@ fn every_container_has_requests_limits_and_the_restricted_security_context() {
 
 #[test]
 fn every_secret_the_pods_read_is_in_the_example_and_holds_the_creds_file() {
-    let (Some(all), Some(validator)) = (rendered(), tool("kubernetes-validate")) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     let secrets = example_secrets();
     let yaml = std::fs::read_to_string(repo().join(EXAMPLE_SECRETS)).unwrap();
     for version in KUBERNETES_VERSIONS {
@@ -1115,9 +1125,10 @@ const NACK_CONSUMER_FIELDS: &str = "streamName durableName description filterSub
 
 #[test]
 fn nack_stream_and_consumers_match_what_the_worker_would_provision() {
-    let Some(r) = render("k8s/nack") else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let r = render(&kubectl, "k8s/nack");
     let config = effective_config(r);
     let nats = &config["nats"];
     assert_eq!(

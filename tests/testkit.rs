@@ -95,7 +95,10 @@ fn a_missing_tool_fails_in_ci_and_skips_elsewhere() {
     let sh = std::path::Path::new("/bin/sh");
     assert_eq!(require_tool_as(true, "sh", sh, "-").as_deref(), Some(sh));
     let missing = std::path::Path::new("/nonexistent/jobwarden-tool");
-    assert_eq!(require_tool_as(false, "tool", missing, "apt-get install tool"), None);
+    assert_eq!(
+        require_tool_as(false, "tool", missing, "apt-get install tool"),
+        None
+    );
     // Not executable: as good as missing.
     let manifest = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
     assert_eq!(require_tool_as(false, "manifest", manifest, "-"), None);
@@ -103,11 +106,12 @@ fn a_missing_tool_fails_in_ci_and_skips_elsewhere() {
         require_tool_as(true, "tool", missing, "apt-get install tool");
     })
     .expect_err("in CI a missing tool fails the test");
-    let message = failed
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
-    for part in ["tool is missing", "/nonexistent/jobwarden-tool", "apt-get install tool"] {
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    for part in [
+        "tool is missing",
+        "/nonexistent/jobwarden-tool",
+        "apt-get install tool",
+    ] {
         assert!(message.contains(part), "{part:?} not in {message:?}");
     }
 }

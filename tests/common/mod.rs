@@ -7,9 +7,9 @@ use jobwarden::broker::{Broker, Lane};
 use jobwarden::config::Config;
 use jobwarden::store::Store;
 pub mod generators;
-pub mod tools;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
 pub mod testkit;
+pub mod tools;
 
 use jobwarden::worker::{RunningWorker, Stats, Worker};
 use jobwarden::Handler;

@@ -24,11 +24,13 @@ pub fn ci_value_means_ci(v: &str) -> bool {
 /// the exact command that installs it; elsewhere one line `SKIPPED: <test>: …` goes to
 /// stderr (past the harness' output capture, so a plain `cargo test` shows it) and the
 /// answer is `None`, on which the caller returns.
+#[track_caller]
 pub fn require_tool(name: &str, path: &Path, install: &str) -> Option<PathBuf> {
     require_tool_as(in_ci(), name, path, install)
 }
 
 /// [`require_tool`] as in CI or not (`ci`), whatever the environment says.
+#[track_caller]
 pub fn require_tool_as(ci: bool, name: &str, path: &Path, install: &str) -> Option<PathBuf> {
     if is_executable(path) {
         return Some(path.to_path_buf());
