@@ -42,11 +42,15 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 echo "==> jobwarden tests in $PWD${CI:+ (CI=$CI)}"
 echo "==> scripts/ensure-servers.sh --browser --deploy-tools (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium, k8s/Dockerfile validators)"
-bash scripts/ensure-servers.sh --browser --deploy-tools
+rc=0
+bash scripts/ensure-servers.sh --browser --deploy-tools || rc=$?
+if ((rc != 0)); then
+    echo "==> FAILED: scripts/ensure-servers.sh exited with $rc (see its ERROR above): the tests' servers or tools are not in place" >&2
+    exit "$rc"
+fi
 
 echo "==> $(cargo --version)"
 echo "==> cargo build --all-targets"
-rc=0
 cargo build --all-targets || rc=$?
 if ((rc != 0)); then
     echo "==> FAILED: cargo build exited with $rc" >&2
