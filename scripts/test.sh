@@ -8,7 +8,9 @@
 #
 # Runs: cargo build --all-targets
 #       cargo test --all-targets [ARGS...] -- --test-threads=2 [TEST BINARY ARGS...]
-# (--test-threads=2 is left out if you pass your own --test-threads).
+# (--all-targets is left out if ARGS choose targets, e.g. --test NAME or --lib:
+# cargo would otherwise run every target as well; --test-threads=2 is left out
+# if you pass your own --test-threads).
 # Exits with cargo's exit code. Never prompts (also fine with CI=true and no
 # terminal).
 set -euo pipefail
@@ -28,6 +30,14 @@ for arg in "$@"; do
     else
         cargo_args+=("$arg")
     fi
+done
+# Every target, unless the arguments choose some.
+targets=(--all-targets)
+for arg in "${cargo_args[@]}"; do
+    case $arg in
+    --test | --test=* | --tests | --lib | --bin | --bin=* | --bins | --example | --example=* | \
+        --examples | --bench | --bench=* | --benches | --doc | --all-targets) targets=() ;;
+    esac
 done
 threads=(--test-threads=2)
 for arg in "${harness_args[@]}"; do
@@ -57,7 +67,7 @@ if ((rc != 0)); then
     exit "$rc"
 fi
 
-test_cmd=(cargo test --all-targets "${cargo_args[@]}" -- "${threads[@]}" "${harness_args[@]}")
+test_cmd=(cargo test "${targets[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${harness_args[@]}")
 echo "==> ${test_cmd[*]}"
 "${test_cmd[@]}" || rc=$?
 if ((rc != 0)); then
