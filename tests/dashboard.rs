@@ -2,6 +2,10 @@
 //! over WebDriver): every view against real data from a running worker, numbers checked
 //! against SQL, a dead job retried from the dead-letter view and seen to complete, and the
 //! read-only mode. Screenshots go to `target/screenshots/`.
+//!
+//! The browser is `/usr/bin/chromium` and `/usr/bin/chromedriver` (or `JOBWARDEN_CHROMIUM`,
+//! `JOBWARDEN_CHROMEDRIVER`); when one is missing the browser tests fail in CI and skip
+//! loudly elsewhere ([`common::tools::require_tool`]).
 
 mod common;
 
