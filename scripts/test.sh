@@ -8,7 +8,9 @@
 #
 # Runs: cargo build --all-targets
 #       cargo test --all-targets [ARGS...] -- --test-threads=2 [TEST BINARY ARGS...]
-# (--test-threads=2 is left out if you pass your own --test-threads).
+# (--all-targets is left out if ARGS choose targets, e.g. --test NAME or --lib:
+# cargo would otherwise run every target as well; --test-threads=2 is left out
+# if you pass your own --test-threads).
 # Exits with cargo's exit code. Never prompts (also fine with CI=true and no
 # terminal).
 set -euo pipefail
@@ -29,6 +31,14 @@ for arg in "$@"; do
         cargo_args+=("$arg")
     fi
 done
+# Every target, unless the arguments choose some.
+targets=(--all-targets)
+for arg in "${cargo_args[@]}"; do
+    case $arg in
+    --test | --test=* | --tests | --lib | --bin | --bin=* | --bins | --example | --example=* | \
+        --examples | --bench | --bench=* | --benches | --doc | --all-targets) targets=() ;;
+    esac
+done
 threads=(--test-threads=2)
 for arg in "${harness_args[@]}"; do
     [[ $arg == --test-threads* ]] && threads=()
@@ -42,18 +52,22 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 echo "==> jobwarden tests in $PWD${CI:+ (CI=$CI)}"
 echo "==> scripts/ensure-servers.sh --browser --deploy-tools (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium, k8s/Dockerfile validators)"
-bash scripts/ensure-servers.sh --browser --deploy-tools
+rc=0
+bash scripts/ensure-servers.sh --browser --deploy-tools || rc=$?
+if ((rc != 0)); then
+    echo "==> FAILED: scripts/ensure-servers.sh exited with $rc (see its ERROR above): the tests' servers or tools are not in place" >&2
+    exit "$rc"
+fi
 
 echo "==> $(cargo --version)"
 echo "==> cargo build --all-targets"
-rc=0
 cargo build --all-targets || rc=$?
 if ((rc != 0)); then
     echo "==> FAILED: cargo build exited with $rc" >&2
     exit "$rc"
 fi
 
-test_cmd=(cargo test --all-targets "${cargo_args[@]}" -- "${threads[@]}" "${harness_args[@]}")
+test_cmd=(cargo test "${targets[@]}" "${cargo_args[@]}" -- "${threads[@]}" "${harness_args[@]}")
 echo "==> ${test_cmd[*]}"
 "${test_cmd[@]}" || rc=$?
 if ((rc != 0)); then

@@ -2,6 +2,10 @@
 //! over WebDriver): every view against real data from a running worker, numbers checked
 //! against SQL, a dead job retried from the dead-letter view and seen to complete, and the
 //! read-only mode. Screenshots go to `target/screenshots/`.
+//!
+//! The browser is `/usr/bin/chromium` and `/usr/bin/chromedriver` (or `JOBWARDEN_CHROMIUM`,
+//! `JOBWARDEN_CHROMEDRIVER`); when one is missing the browser tests fail in CI and skip
+//! loudly elsewhere ([`common::tools::require_tool`]).
 
 mod common;
 
@@ -10,6 +14,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use jobwarden::client::EnqueueOptions;
 use jobwarden::handler::{from_fn, JobError};
 use serde_json::json;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,6 +29,20 @@ struct Driver {
     child: Child,
     port: u16,
     profile: tempdir::Dir,
+    /// The browser chromedriver starts.
+    chromium: PathBuf,
+}
+
+/// Debian's chromium and chromium-driver, as the tests expect them; `JOBWARDEN_CHROMIUM` and
+/// `JOBWARDEN_CHROMEDRIVER` name other builds (or, pointed at nothing, hide them).
+const INSTALL_BROWSER: &str =
+    "apt-get install -y chromium chromium-driver (as root; bash scripts/ensure-servers.sh --browser does it)";
+
+/// A browser binary at its default path, or where `env` says.
+#[track_caller]
+fn browser_binary(name: &str, env: &str, default: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(env).map_or_else(|| PathBuf::from(default), PathBuf::from);
+    common::tools::require_tool(name, &path, INSTALL_BROWSER)
 }
 
 mod tempdir {
@@ -37,20 +56,14 @@ mod tempdir {
 }
 
 impl Driver {
-    /// `None` (with the reason printed) when Chromium or chromedriver is not installed:
-    /// `scripts/ensure-servers.sh` installs both.
+    /// Starts chromedriver, or `None` when Chromium or chromedriver is missing outside CI
+    /// (in CI the test fails: [`common::tools::require_tool`]).
+    #[track_caller]
     fn start() -> Option<Driver> {
-        for bin in [CHROMIUM, CHROMEDRIVER] {
-            if !std::path::Path::new(bin).exists() {
-                eprintln!(
-                    "SKIPPED: {bin} is missing; install Debian's chromium and chromium-driver \
-                     (scripts/ensure-servers.sh does)"
-                );
-                return None;
-            }
-        }
+        let chromium = browser_binary("chromium", "JOBWARDEN_CHROMIUM", CHROMIUM)?;
+        let chromedriver = browser_binary("chromedriver", "JOBWARDEN_CHROMEDRIVER", CHROMEDRIVER)?;
         let port = common::testkit::free_port();
-        let child = Command::new(CHROMEDRIVER)
+        let child = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -62,6 +75,7 @@ impl Driver {
             child,
             port,
             profile: tempdir::Dir(profile),
+            chromium,
         })
     }
 
@@ -70,7 +84,7 @@ impl Driver {
         let profile = self.profile.0.join(name);
         let caps = json!({
             "goog:chromeOptions": {
-                "binary": CHROMIUM,
+                "binary": self.chromium,
                 "args": [
                     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking",

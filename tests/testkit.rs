@@ -77,3 +77,41 @@ async fn pg_cluster_fast() {
     let fsync: String = client.query_one("SHOW fsync", &[]).await.unwrap().get(0);
     assert_eq!(fsync, "off");
 }
+
+#[test]
+fn ci_is_any_value_of_ci_but_empty_false_and_0() {
+    use common::tools::ci_value_means_ci;
+    for v in ["true", "1", "yes", "TRUE", "woodpecker"] {
+        assert!(ci_value_means_ci(v), "CI={v:?} is CI");
+    }
+    for v in ["", " ", "false", "False", "0"] {
+        assert!(!ci_value_means_ci(v), "CI={v:?} is not CI");
+    }
+}
+
+#[test]
+fn a_missing_tool_fails_in_ci_and_skips_elsewhere() {
+    use common::tools::require_tool_as;
+    let sh = std::path::Path::new("/bin/sh");
+    assert_eq!(require_tool_as(true, "sh", sh, "-").as_deref(), Some(sh));
+    let missing = std::path::Path::new("/nonexistent/jobwarden-tool");
+    assert_eq!(
+        require_tool_as(false, "tool", missing, "apt-get install tool"),
+        None
+    );
+    // Not executable: as good as missing.
+    let manifest = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+    assert_eq!(require_tool_as(false, "manifest", manifest, "-"), None);
+    let failed = std::panic::catch_unwind(|| {
+        require_tool_as(true, "tool", missing, "apt-get install tool");
+    })
+    .expect_err("in CI a missing tool fails the test");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    for part in [
+        "tool is missing",
+        "/nonexistent/jobwarden-tool",
+        "apt-get install tool",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+}

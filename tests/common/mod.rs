@@ -9,6 +9,7 @@ use jobwarden::store::Store;
 pub mod generators;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
 pub mod testkit;
+pub mod tools;
 
 use jobwarden::worker::{RunningWorker, Stats, Worker};
 use jobwarden::Handler;
