@@ -16,7 +16,7 @@
 # throwaway cluster in /var/tmp/jobwarden-pg-<port> (JOBWARDEN_PG_DIR), which
 # is reused on later runs.
 #
-# Usage: scripts/ensure-servers.sh [--nats] [--browser] [--deploy-tools]
+# Usage: scripts/ensure-servers.sh [--nats] [--browser] [--deploy-tools] [--faketime]
 #   --nats     also make sure a nats-server with JetStream listens on
 #              127.0.0.1:4222 (JOBWARDEN_NATS_PORT), starting one in the
 #              background (store /var/tmp/jobwarden-nats) if none answers.
@@ -29,6 +29,8 @@
 #              ${XDG_CACHE_HOME:-~/.cache}/jobwarden/deploy-tools
 #              (JOBWARDEN_DEPLOY_TOOLS): kubectl (kustomize), kubernetes-validate
 #              (bundled schemas), yamllint, hadolint. Reused while the pins match.
+#   --faketime also install Debian's faketime (libfaketime), which the
+#              clock-skew tests (tests/clock.rs) preload into skewed workers.
 #
 # When CI is set (not empty, "false" or "0"), a browser or deploy tool that
 # cannot be installed is an error (exit 1), as it is for the servers: the tests
@@ -633,13 +635,25 @@ jw_ensure_browser() {
     fi
 }
 
+# libfaketime for the clock-skew tests (tests/clock.rs looks for /usr/bin/faketime). On
+# failure: an error in CI, a warning elsewhere (jw_tool_missing).
+jw_ensure_faketime() {
+    [[ -x /usr/bin/faketime ]] && return 0
+    if ! (jw_apt_install faketime); then
+        jw_tool_missing "could not install faketime (apt-get install -y faketime failed, see above), which the clock-skew tests (tests/clock.rs) need"
+    else
+        jw_say "installed faketime"
+    fi
+}
+
 jw_ensure_main() {
-    local want_nats=0 want_browser=0 want_deploy_tools=0 arg
+    local want_nats=0 want_browser=0 want_deploy_tools=0 want_faketime=0 arg
     for arg in "$@"; do
         case $arg in
         --nats) want_nats=1 ;;
         --browser) want_browser=1 ;;
         --deploy-tools) want_deploy_tools=1 ;;
+        --faketime) want_faketime=1 ;;
         -h | --help)
             jw_usage
             return 0
@@ -658,6 +672,9 @@ jw_ensure_main() {
     fi
     if ((want_deploy_tools)); then
         jw_ensure_deploy_tools
+    fi
+    if ((want_faketime)); then
+        jw_ensure_faketime
     fi
 }
 

@@ -51,9 +51,9 @@ export PATH
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 echo "==> jobwarden tests in $PWD${CI:+ (CI=$CI)}"
-echo "==> scripts/ensure-servers.sh --browser --deploy-tools (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium, k8s/Dockerfile validators)"
+echo "==> scripts/ensure-servers.sh --browser --deploy-tools --faketime (nats-server, PostgreSQL at ${JOBWARDEN_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}, chromium, k8s/Dockerfile validators, libfaketime)"
 rc=0
-bash scripts/ensure-servers.sh --browser --deploy-tools || rc=$?
+bash scripts/ensure-servers.sh --browser --deploy-tools --faketime || rc=$?
 if ((rc != 0)); then
     echo "==> FAILED: scripts/ensure-servers.sh exited with $rc (see its ERROR above): the tests' servers or tools are not in place" >&2
     exit "$rc"

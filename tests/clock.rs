@@ -32,31 +32,32 @@ fn queue_toml(url: &str) -> String {
     )
 }
 
-/// The environment that sets a process's wall clock `minutes` off with libfaketime: a fixed
-/// offset on the wall clock only (a monotonic clock set back ten minutes would start below
-/// zero on a freshly booted machine).
-fn skew_env(minutes: i64) -> Vec<(&'static str, String)> {
+/// The environment that sets a process's wall clock `minutes` off with libfaketime (`lib`):
+/// a fixed offset on the wall clock only (a monotonic clock set back ten minutes would start
+/// below zero on a freshly booted machine).
+fn skew_env(lib: &str, minutes: i64) -> Vec<(&'static str, String)> {
     vec![
-        ("LD_PRELOAD", libfaketime().to_string()),
+        ("LD_PRELOAD", lib.to_string()),
         ("FAKETIME", format!("{minutes:+}m")),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
     ]
 }
 
-/// The clock tests need libfaketime: without it they cannot run, which fails the test (a
-/// suite that passes without running them would say nothing about invariant 4).
-fn libfaketime() -> &'static str {
-    LIBFAKETIME
-        .iter()
-        .copied()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "libfaketime is missing (looked for {LIBFAKETIME:?}): the clock-skew tests need \
-                 Debian's faketime (apt-get install faketime; scripts/ensure-servers.sh \
-                 installs it)"
-            )
-        })
+/// Debian's libfaketime, or `None` when the package is missing outside CI (the test then
+/// returns, having said SKIPPED); in CI a missing package fails the test, as every missing
+/// tool does (`common::tools::require_tool`).
+fn libfaketime() -> Option<&'static str> {
+    common::tools::require_tool(
+        "faketime",
+        Path::new("/usr/bin/faketime"),
+        "apt-get install -y faketime (as root; bash scripts/ensure-servers.sh --faketime does it)",
+    )?;
+    let lib = LIBFAKETIME.iter().copied().find(|p| Path::new(p).exists());
+    Some(lib.unwrap_or_else(|| {
+        panic!(
+            "faketime is installed but its library is not where it is looked for: {LIBFAKETIME:?}"
+        )
+    }))
 }
 
 fn log_path(name: &str) -> PathBuf {
@@ -66,9 +67,14 @@ fn log_path(name: &str) -> PathBuf {
 /// Starts a worker whose wall clock is `minutes` off, and checks from its own log that it is:
 /// the timestamps it writes must be off by that much (so the test cannot pass with a clock
 /// that was never skewed).
-async fn skewed_worker(env: &TestEnv, hostname: &str, minutes: i64) -> (ChildWorker, PathBuf) {
+async fn skewed_worker(
+    env: &TestEnv,
+    lib: &str,
+    hostname: &str,
+    minutes: i64,
+) -> (ChildWorker, PathBuf) {
     let log = log_path(hostname);
-    let mut envs = skew_env(minutes);
+    let mut envs = skew_env(lib, minutes);
     envs.push(("RUST_LOG", "info".to_string()));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let w = ChildWorker::spawn_with_env(&env.config, hostname, &log, &envs);
@@ -120,12 +126,13 @@ fn first_log_time(log: &Path) -> Option<chrono::DateTime<chrono::Utc>> {
 /// alive. It takes nothing.
 #[tokio::test]
 async fn a_worker_ten_minutes_ahead_takes_no_job_from_a_live_worker() {
+    let Some(lib) = libfaketime() else { return };
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&queue_toml(&app.url)).await;
     let _n = ChildWorker::spawn(&env.config, "pod-n");
     let ids = env.publish_held("held", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
-    let (_s, _log) = skewed_worker(&env, "pod-ahead", SKEW_MINUTES).await;
+    let (_s, _log) = skewed_worker(&env, lib, "pod-ahead", SKEW_MINUTES).await;
     // Its reaper and sweep run: wait for it to register and beat, then for twenty reaps and
     // ten sweeps.
     assert!(
@@ -168,12 +175,13 @@ async fn a_worker_ten_minutes_ahead_takes_no_job_from_a_live_worker() {
 /// behind with `--delay 4s` starts four seconds after it was enqueued, not at once.
 #[tokio::test]
 async fn a_worker_and_a_producer_ten_minutes_behind_still_reap_the_dead_and_wait_out_delays() {
+    let Some(lib) = libfaketime() else { return };
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&queue_toml(&app.url)).await;
     let mut n = ChildWorker::spawn(&env.config, "pod-n");
     let ids = env.publish_held("orphan", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
-    let (_s, _log) = skewed_worker(&env, "pod-behind", -SKEW_MINUTES).await;
+    let (_s, _log) = skewed_worker(&env, lib, "pod-behind", -SKEW_MINUTES).await;
     n.kill9();
     let killed = Instant::now();
     assert!(
@@ -206,7 +214,7 @@ async fn a_worker_and_a_producer_ten_minutes_behind_still_reap_the_dead_and_wait
         .env("JOBWARDEN_DATABASE__URL", common::test_database_url())
         .env("JOBWARDEN_DATABASE__SCHEMA", &env.config.database.schema)
         .env("JOBWARDEN_NATS__URL", env.nats.url())
-        .envs(skew_env(-SKEW_MINUTES))
+        .envs(skew_env(lib, -SKEW_MINUTES))
         .output()
         .expect("run jobwarden enqueue under faketime");
     assert!(out.status.success(), "{}", common::text(&out));
