@@ -69,6 +69,18 @@ async fn payments_service_charges_every_payment_once_through_retried_bursts_and_
         "the gateway charged each payment once: {r:?}"
     );
     assert_eq!(r.duplicate_charges, 0, "{r:?}");
+    // The gateway's ledger is idempotent: it would hide a charge job run twice. Every call
+    // that reached it is counted per job, and each must be a claim jobwarden made, every
+    // claim but the last ended by a recorded retry or reclaim.
+    assert!(
+        r.unexplained_runs.is_empty(),
+        "charge jobs ran more often than jobwarden's record explains:\n{}",
+        r.unexplained_runs.join("\n")
+    );
+    assert!(
+        r.gateway_calls >= r.charge_jobs as usize,
+        "every charge job called the gateway: {r:?}"
+    );
     assert!(r.transient_failures >= 1, "{r:?}");
     assert!(
         r.replayed_calls >= r.transient_failures,
