@@ -6,9 +6,8 @@
 use jobwarden::broker::{Broker, Lane};
 use jobwarden::config::Config;
 use jobwarden::store::Store;
+pub mod evidence;
 pub mod generators;
-#[path = "../../examples/common/runs.rs"]
-pub mod runs;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
 pub mod testkit;
 
