@@ -470,8 +470,8 @@ async fn a_worker_runs_jobs_with_postgres_over_verified_tls_only() {
     let plain: Vec<_> = conns.iter().filter(|(_, ssl, _)| !ssl).collect();
     assert!(
         plain.is_empty(),
-        "jobwarden connections without TLS while configured with sslmode=verify-full \
-         (pid, ssl, last statement): {plain:?}"
+        "every jobwarden connection must be encrypted (the worker is configured with \
+         sslmode=verify-full); these are not (pid, ssl, last statement): {plain:?}"
     );
     worker.shutdown().await;
 }
