@@ -257,6 +257,15 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
     worker.shutdown().await;
 }
 
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// `overlapping_executions` counts each attempt that went on running after the database gave
 /// its job to another owner, once, whichever way the worker learns it: the heartbeat's lease
 /// check, a rejected progress report, or a rejected completion.
@@ -283,8 +292,9 @@ async fn overlapping_executions_counts_each_attempt_that_ran_on_after_its_job_wa
         let (gates, stopped) = (g.clone(), st.clone());
         async move {
             if job.id == "hold" {
+                // Stopped either way: it returns when cancelled, or the worker drops it.
+                let _ended = SetOnDrop(stopped);
                 job.cancel.cancelled().await;
-                stopped.store(true, std::sync::atomic::Ordering::SeqCst);
                 return Err(JobError::retry("stopped"));
             }
             gates[job.id.as_str()].acquire().await.unwrap().forget();
@@ -330,7 +340,13 @@ async fn overlapping_executions_counts_each_attempt_that_ran_on_after_its_job_wa
          beats every 2 s: the lease check should count it (1)",
         overlapping(&s)
     );
-    assert!(stopped.load(std::sync::atomic::Ordering::SeqCst), "hold was not stopped");
+    assert!(
+        wait_for(Duration::from_secs(5), || async {
+            stopped.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await,
+        "the attempt of `hold` was counted but not stopped within 5 s"
+    );
     // `report` reports progress after it was taken: the fenced write is rejected.
     take("report").await;
     gates["report"].add_permits(1);
