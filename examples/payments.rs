@@ -279,7 +279,10 @@ async fn main() -> anyhow::Result<()> {
     let mut calls = std::collections::HashMap::new();
     for r in shop
         .db
-        .query("SELECT job_id, count(*) FROM shop_provider_calls GROUP BY job_id", &[])
+        .query(
+            "SELECT job_id, count(*) FROM shop_provider_calls GROUP BY job_id",
+            &[],
+        )
         .await?
     {
         calls.insert(r.get::<_, String>(0), r.get::<_, i64>(1) as usize);

@@ -800,7 +800,10 @@ async fn a_cron_fire_every_2_s_is_enqueued_once_across_3_workers_with_one_killed
         let fire = fire_of("tick", id)
             .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
             .unwrap_or_else(|| panic!("the app ran {id}, which is no fire of schedule tick"));
-        per_fire.entry(fire.to_rfc3339()).or_default().push((id.clone(), *n));
+        per_fire
+            .entry(fire.to_rfc3339())
+            .or_default()
+            .push((id.clone(), *n));
     }
     let doubled: Vec<_> = per_fire
         .iter()
@@ -841,7 +844,12 @@ async fn a_cron_fire_every_2_s_is_enqueued_once_across_3_workers_with_one_killed
     for r in &rows {
         let (id, lease): (String, i64) = (r.get(0), r.get(4));
         if lease == 1 && r.get::<_, String>(3) == "completed" {
-            assert_eq!(calls.get(&id), Some(&1), "fire {id} ran {:?} times", calls.get(&id));
+            assert_eq!(
+                calls.get(&id),
+                Some(&1),
+                "fire {id} ran {:?} times",
+                calls.get(&id)
+            );
         }
     }
     // The fire time is in the id (the job is due when the tick enqueued it, a moment later).
@@ -880,7 +888,11 @@ async fn a_cron_fire_every_2_s_is_enqueued_once_across_3_workers_with_one_killed
         .iter()
         .filter(|r| r.get::<_, String>(3) == "completed")
         .count();
-    assert!(done >= fires.len() - 2, "{done} of {} fires ran", fires.len());
+    assert!(
+        done >= fires.len() - 2,
+        "{done} of {} fires ran",
+        fires.len()
+    );
     // `jobwarden cron list` shows the schedule, its last fire and the next ones.
     let path = std::env::temp_dir().join(format!("jobwarden-cron-{}.toml", std::process::id()));
     std::fs::write(&path, env.config.to_redacted_toml()).unwrap();

@@ -312,7 +312,10 @@ async fn overlapping_executions_counts_each_attempt_that_ran_on_after_its_job_wa
             .await;
     }
     for id in ["report", "finish", "hold"] {
-        assert!(env.wait_status(id, "processing", 10).await, "{id} never ran");
+        assert!(
+            env.wait_status(id, "processing", 10).await,
+            "{id} never ran"
+        );
     }
     let c = env.store.raw().await.unwrap();
     // Another owner claims the job in the database (the lease moves on) while it runs here.
@@ -369,7 +372,10 @@ async fn overlapping_executions_counts_each_attempt_that_ran_on_after_its_job_wa
     );
     // Two more beats (two more lease checks): each attempt was counted once, not per check.
     for _ in 0..2 {
-        assert!(env.wait_for_beat(&worker.id, 10).await, "no heartbeat within 10 s");
+        assert!(
+            env.wait_for_beat(&worker.id, 10).await,
+            "no heartbeat within 10 s"
+        );
     }
     let s = scrape(ops).await;
     assert_eq!(

@@ -55,8 +55,13 @@ pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
     } else {
         format!("{name}{{{labels}}}")
     };
-    text.lines()
-        .find_map(|l| l.strip_prefix(&head)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(&head)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// Waits until each worker of `ops` (name, ops address) has finished its start-up
@@ -81,7 +86,10 @@ pub async fn assert_jobs_kept_after_reconciliation(
     }
     let c = env.store.raw().await.unwrap();
     for r in c
-        .query("SELECT id, status, worker_id, lease FROM jobs ORDER BY id", &[])
+        .query(
+            "SELECT id, status, worker_id, lease FROM jobs ORDER BY id",
+            &[],
+        )
         .await
         .unwrap()
     {
@@ -98,5 +106,8 @@ pub async fn assert_jobs_kept_after_reconciliation(
         .await
         .unwrap()
         .get(0);
-    assert_eq!(stopped, None, "the live worker {owner} was declared stopped");
+    assert_eq!(
+        stopped, None,
+        "the live worker {owner} was declared stopped"
+    );
 }
