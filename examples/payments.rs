@@ -295,7 +295,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     let (jobs, claims): (i64, i64) = (row.get(0), row.get(1));
-    let unexplained = runs::unexplained_runs(&shop.db, "payments", &calls).await?;
+    let unexplained = runs::unexplained_runs(&shop.db, &["payments"], &calls).await?;
     let called: usize = calls.values().sum();
     println!(
         "runs: {called} provider calls, {claims} claims of {jobs} payment jobs, {} unexplained",

@@ -825,7 +825,7 @@ async fn a_cron_fire_every_2_s_is_enqueued_once_across_3_workers_with_one_killed
         );
     }
     let c = env.store.raw().await.unwrap();
-    let unexplained = common::evidence::unexplained_runs(&c, "work", &calls)
+    let unexplained = common::evidence::unexplained_runs(&c, &["work"], &calls)
         .await
         .unwrap();
     assert!(

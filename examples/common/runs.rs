@@ -19,12 +19,12 @@
 
 use std::collections::HashMap;
 
-/// The jobs of `queue` whose runs jobwarden's record does not explain, one line each
+/// The jobs of `queues` whose runs jobwarden's record does not explain, one line each
 /// (empty when every run is explained). `calls` is the number of handler calls per job id,
 /// as the application counted them.
 pub async fn unexplained_runs(
     db: &tokio_postgres::Client,
-    queue: &str,
+    queues: &[&str],
     calls: &HashMap<String, usize>,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
     let rows = db
@@ -33,8 +33,8 @@ pub async fn unexplained_runs(
                     ARRAY(SELECT DISTINCT a.lease FROM job_attempts a \
                           WHERE a.job_id = j.id AND a.outcome <> 'lost_ownership' \
                           ORDER BY a.lease) \
-             FROM jobs j WHERE j.queue = $1 ORDER BY j.id",
-            &[&queue],
+             FROM jobs j WHERE j.queue = ANY($1) ORDER BY j.id",
+            &[&queues],
         )
         .await?;
     let mut bad = Vec::new();
@@ -67,7 +67,7 @@ pub async fn unexplained_runs(
     for (id, n) in calls {
         if !known.contains(id) {
             bad.push(format!(
-                "the handler ran {id} {n} time(s) but queue {queue} has no such job"
+                "the handler ran {id} {n} time(s) but queues {queues:?} have no such job"
             ));
         }
     }

@@ -453,7 +453,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         .get(0);
     let calls = gw.lock().unwrap().calls.clone();
     report.gateway_calls = calls.values().sum();
-    report.unexplained_runs = runs::unexplained_runs(&c, "charges", &calls).await?;
+    report.unexplained_runs = runs::unexplained_runs(&c, &["charges"], &calls).await?;
     {
         let g = gw.lock().unwrap();
         report.charges = g.charges.len();
