@@ -13,6 +13,10 @@
 //! cargo run --example payments -- --self-test  # 20 orders (one rolled back), checks, exits
 //! ```
 //!
+//! The provider's ledger is idempotent, so it would hide a job run twice: the self-test also
+//! counts every call that reached the provider per job (`shop_provider_calls`) and checks
+//! each against jobwarden's record (examples/common/runs.rs).
+//!
 //! Connections come from the usual settings (`JOBWARDEN_DATABASE__URL`,
 //! `JOBWARDEN_NATS__URL`, `JOBWARDEN_DATABASE__SCHEMA`; defaults: the local servers).
 
@@ -29,6 +33,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+#[path = "common/runs.rs"]
+mod runs;
+
 /// The shop's own tables, next to jobwarden's in the same schema.
 const SHOP_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS shop_orders (
@@ -43,6 +50,14 @@ CREATE TABLE IF NOT EXISTS shop_charges (
     amount_cents integer NOT NULL,
     job_id       text    NOT NULL,
     charged_at   timestamptz NOT NULL DEFAULT now()
+);
+-- Every call that reached the provider, whether it charged or found the charge made.
+CREATE TABLE IF NOT EXISTS shop_provider_calls (
+    id       bigserial PRIMARY KEY,
+    order_id integer NOT NULL,
+    job_id   text    NOT NULL,
+    attempt  integer NOT NULL,
+    at       timestamptz NOT NULL DEFAULT now()
 );";
 
 struct Shop {
@@ -156,7 +171,14 @@ async fn main() -> anyhow::Result<()> {
         async move {
             let order = job.payload["order"].as_i64().unwrap_or(0) as i32;
             let amount = job.payload["amount_cents"].as_i64().unwrap_or(0) as i32;
-            // The provider call: idempotent by order, so a second run charges nothing.
+            // The provider call: idempotent by order, so a second run charges nothing. Every
+            // call is counted first (the self-test checks runs against jobwarden's record).
+            db.execute(
+                "INSERT INTO shop_provider_calls (order_id, job_id, attempt) VALUES ($1, $2, $3)",
+                &[&order, &job.id, &(job.attempt as i32)],
+            )
+            .await
+            .map_err(|e| JobError::retry(format!("payment provider: {e}")))?;
             db.execute(
                 "INSERT INTO shop_charges (order_id, amount_cents, job_id) VALUES ($1, $2, $3) \
                  ON CONFLICT (order_id) DO NOTHING",
@@ -252,6 +274,43 @@ async fn main() -> anyhow::Result<()> {
         start.elapsed()
     );
     worker.shutdown().await;
+    // Every call that reached the provider, per job, against jobwarden's record of claims.
+    let shop = shop.lock().await;
+    let mut calls = std::collections::HashMap::new();
+    for r in shop
+        .db
+        .query(
+            "SELECT job_id, count(*) FROM shop_provider_calls GROUP BY job_id",
+            &[],
+        )
+        .await?
+    {
+        calls.insert(r.get::<_, String>(0), r.get::<_, i64>(1) as usize);
+    }
+    let row = shop
+        .db
+        .query_one(
+            "SELECT count(*), COALESCE(sum(lease), 0)::int8 FROM jobs WHERE queue = 'payments'",
+            &[],
+        )
+        .await?;
+    let (jobs, claims): (i64, i64) = (row.get(0), row.get(1));
+    let unexplained = runs::unexplained_runs(&shop.db, &["payments"], &calls).await?;
+    let called: usize = calls.values().sum();
+    println!(
+        "runs: {called} provider calls, {claims} claims of {jobs} payment jobs, {} unexplained",
+        unexplained.len()
+    );
+    anyhow::ensure!(
+        unexplained.is_empty(),
+        "payment jobs ran more often than jobwarden's record explains:\n{}",
+        unexplained.join("\n")
+    );
+    anyhow::ensure!(
+        called as i64 == claims,
+        "{called} provider calls for {claims} claims: every claim of a healthy worker runs its \
+         handler once"
+    );
     anyhow::ensure!(paid == orders.len() as i64, "not every order was paid");
     anyhow::ensure!(
         charges == orders.len() as i64,

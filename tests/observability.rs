@@ -209,7 +209,12 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
         value(&after, "jobwarden_reclaims_total", &[("reason", "stale")]),
         0.0
     );
+    // Nothing here ran after its job was taken (see the test below for the counts).
     assert!(has(&after, "jobwarden_overlapping_executions_total"));
+    assert_eq!(
+        value(&after, "jobwarden_overlapping_executions_total", &[]),
+        0.0
+    );
     for source in ["postgres", "nats"] {
         assert_eq!(
             value(&after, "jobwarden_queue_depth_up", &[("source", source)]),
@@ -249,6 +254,140 @@ async fn metrics_count_jobs_by_queue_and_outcome_as_they_flow() {
     })
     .await;
     assert!(done, "in flight and pending did not return to 0");
+    worker.shutdown().await;
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `overlapping_executions` counts each attempt that went on running after the database gave
+/// its job to another owner, once, whichever way the worker learns it: the heartbeat's lease
+/// check, a rejected progress report, or a rejected completion.
+#[tokio::test]
+async fn overlapping_executions_counts_each_attempt_that_ran_on_after_its_job_was_taken() {
+    // Beats every 2 s: the lease check runs with each, and a job taken away is noticed by a
+    // report or a completion first when one follows at once.
+    let env = TestEnv::new(
+        "heartbeat_every = \"2s\"\ndead_after = \"6s\"\n\
+         [queues.work]\nconcurrency = 5\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    // Each job waits for its own gate; then `report` reports progress, `finish` returns,
+    // `hold` waits until the worker stops it.
+    let gates: Arc<std::collections::HashMap<&'static str, Arc<Semaphore>>> = Arc::new(
+        ["report", "finish", "hold"]
+            .into_iter()
+            .map(|id| (id, Arc::new(Semaphore::new(0))))
+            .collect(),
+    );
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (g, st) = (gates.clone(), stopped.clone());
+    let h = from_fn(move |job| {
+        let (gates, stopped) = (g.clone(), st.clone());
+        async move {
+            if job.id == "hold" {
+                // Stopped either way: it returns when cancelled, or the worker drops it.
+                let _ended = SetOnDrop(stopped);
+                job.cancel.cancelled().await;
+                return Err(JobError::retry("stopped"));
+            }
+            gates[job.id.as_str()].acquire().await.unwrap().forget();
+            if job.id == "report" {
+                let lost = job.progress(Default::default()).await.is_err();
+                return Err(JobError::retry(format!("progress rejected: {lost}")));
+            }
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let ops = worker.ops_addr.expect("ops listener");
+    for id in ["report", "finish", "hold"] {
+        env.publish_raw("work", json!({"id": id, "payload": {}}).to_string())
+            .await;
+    }
+    for id in ["report", "finish", "hold"] {
+        assert!(
+            env.wait_status(id, "processing", 10).await,
+            "{id} never ran"
+        );
+    }
+    let c = env.store.raw().await.unwrap();
+    // Another owner claims the job in the database (the lease moves on) while it runs here.
+    let take = |id: &'static str| {
+        let c = &c;
+        async move {
+            let n = c
+                .execute(
+                    "UPDATE jobs SET worker_id = 'another-worker', lease = lease + 1 \
+                     WHERE id = $1 AND status = 'processing'",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "{id} was not processing");
+        }
+    };
+    let overlapping = |s: &Scrape| value(s, "jobwarden_overlapping_executions_total", &[]);
+    // The heartbeat's lease check finds `hold` taken and stops it.
+    take("hold").await;
+    let (seen, s) = scrape_until(ops, 10, |s| overlapping(s) == 1.0).await;
+    assert!(
+        seen,
+        "overlapping_executions is {} 10 s after the job `hold` was taken from a worker that \
+         beats every 2 s: the lease check should count it (1)",
+        overlapping(&s)
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || async {
+            stopped.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await,
+        "the attempt of `hold` was counted but not stopped within 5 s"
+    );
+    // `report` reports progress after it was taken: the fenced write is rejected.
+    take("report").await;
+    gates["report"].add_permits(1);
+    let (seen, s) = scrape_until(ops, 5, |s| overlapping(s) == 2.0).await;
+    assert!(
+        seen,
+        "overlapping_executions is {} after the job `report` reported progress once taken: \
+         the rejected report should count it (2)",
+        overlapping(&s)
+    );
+    // `finish` returns after it was taken: the fenced settle is rejected.
+    take("finish").await;
+    gates["finish"].add_permits(1);
+    let (seen, s) = scrape_until(ops, 5, |s| overlapping(s) == 3.0).await;
+    assert!(
+        seen,
+        "overlapping_executions is {} after the job `finish` completed once taken: the \
+         rejected completion should count it (3)",
+        overlapping(&s)
+    );
+    // Two more beats (two more lease checks): each attempt was counted once, not per check.
+    for _ in 0..2 {
+        assert!(
+            env.wait_for_beat(&worker.id, 10).await,
+            "no heartbeat within 10 s"
+        );
+    }
+    let s = scrape(ops).await;
+    assert_eq!(
+        overlapping(&s),
+        3.0,
+        "three attempts ran on after their jobs were taken, each counted once"
+    );
+    assert_eq!(
+        common::outcomes(&env.store, "finish").await,
+        vec!["lost_ownership"],
+        "the rejected completion is on record as a late result"
+    );
     worker.shutdown().await;
 }
 

@@ -13,6 +13,7 @@
 
 mod common;
 
+use common::evidence::assert_jobs_kept_after_reconciliation;
 use common::{outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
 use jobwarden::handler::{from_fn, JobError};
 use serde_json::json;
@@ -118,18 +119,21 @@ async fn a_live_process_sharing_the_hostname_on_another_node_keeps_its_jobs() {
     let _a = ChildWorker::spawn(&env.config, "shared");
     let ids = env.publish_held("node1", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
+    let owner = app.starts.lock().unwrap()[0].worker.clone();
     // The first process now looks as if it ran on another node (another boot id), like a
     // force-deleted StatefulSet pod still running on a partitioned node. It is alive: its
-    // heartbeat is fresh.
+    // heartbeat is fresh. Its pid and start time mean nothing on this node: no process here
+    // has that start time, so only the boot id keeps the new process from judging it gone.
     let c = env.store.raw().await.unwrap();
     c.execute(
-        "UPDATE workers SET boot_id = 'another-node-boot-id' WHERE hostname = 'shared'",
+        "UPDATE workers SET boot_id = 'another-node-boot-id', proc_start = proc_start + 1 \
+         WHERE hostname = 'shared'",
         &[],
     )
     .await
     .unwrap();
-    let _b = ChildWorker::spawn(&env.config, "shared");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_b, b_ops) = ChildWorker::spawn_with_ops(&env.config, "shared");
+    assert_jobs_kept_after_reconciliation(&env, &owner, &[("new", b_ops)]).await;
     assert_eq!(
         app.start_count(),
         3,

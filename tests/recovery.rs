@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::evidence::assert_jobs_kept_after_reconciliation;
 use common::{outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
 use jobwarden::handler::{from_fn, JobError, Progress};
 use nix::sys::signal::Signal;
@@ -82,15 +83,18 @@ async fn live_workers_on_one_host_never_take_each_others_jobs() {
     let _a = ChildWorker::spawn(&env.config, "laptop");
     let ids = env.publish_held("mine", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
+    let owner = app.starts.lock().unwrap()[0].worker.clone();
     // A second and third worker start on the same hostname while the first is busy.
-    let _b = ChildWorker::spawn(&env.config, "laptop");
-    let _c = ChildWorker::spawn(&env.config, "laptop");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_b, b_ops) = ChildWorker::spawn_with_ops(&env.config, "laptop");
+    let (_c, c_ops) = ChildWorker::spawn_with_ops(&env.config, "laptop");
+    assert_jobs_kept_after_reconciliation(&env, &owner, &[("second", b_ops), ("third", c_ops)])
+        .await;
     assert_eq!(app.start_count(), 3, "a live worker's jobs were taken");
     app.release();
     assert!(env.wait_count("completed", 3, 10).await);
     for id in &ids {
         assert_eq!(outcomes(&env.store, id).await, vec!["completed"]);
+        assert_eq!(app.starts_of(id).len(), 1, "{id} ran twice");
     }
 }
 

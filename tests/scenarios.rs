@@ -69,6 +69,18 @@ async fn payments_service_charges_every_payment_once_through_retried_bursts_and_
         "the gateway charged each payment once: {r:?}"
     );
     assert_eq!(r.duplicate_charges, 0, "{r:?}");
+    // The gateway's ledger is idempotent: it would hide a charge job run twice. Every call
+    // that reached it is counted per job, and each must be a claim jobwarden made, every
+    // claim but the last ended by a recorded retry or reclaim.
+    assert!(
+        r.unexplained_runs.is_empty(),
+        "charge jobs ran more often than jobwarden's record explains:\n{}",
+        r.unexplained_runs.join("\n")
+    );
+    assert!(
+        r.gateway_calls >= r.charge_jobs as usize,
+        "every charge job called the gateway: {r:?}"
+    );
     assert!(r.transient_failures >= 1, "{r:?}");
     assert!(
         r.replayed_calls >= r.transient_failures,
@@ -111,6 +123,13 @@ async fn order_pipeline_retries_only_the_failing_step_and_shows_each_pipeline_in
         "every order charged once (the cancelled one before its PDF): {r:?}"
     );
     assert_eq!(r.duplicate_charges, 0, "{r:?}");
+    // The gateway's ledger is idempotent: every handler call of every step is counted too,
+    // each one a claim jobwarden made, every claim but the last ended on record.
+    assert!(
+        r.unexplained_runs.is_empty(),
+        "steps ran more often than jobwarden's record explains:\n{}",
+        r.unexplained_runs.join("\n")
+    );
     assert_eq!(r.pdf_retried, 3, "orders 4, 8 and 12: {r:?}");
     assert_eq!(
         r.other_steps_rerun, 0,

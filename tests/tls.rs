@@ -152,8 +152,21 @@ struct TlsPostgres {
     pki: Pki,
 }
 
+/// What pg_hba.conf does with a plain (unencrypted) connection over TCP.
+#[derive(PartialEq)]
+enum Plain {
+    Refused,
+    /// Taken (trust): a client that connects without TLS is not stopped by the server, so a
+    /// test sees for itself which connections are encrypted.
+    Taken,
+}
+
 impl TlsPostgres {
     fn start() -> TlsPostgres {
+        TlsPostgres::start_with(Plain::Refused)
+    }
+
+    fn start_with(plain: Plain) -> TlsPostgres {
         let pki = Pki::new("pg");
         // Issued for a name only, so connecting to 127.0.0.1 with verify-full must fail.
         let server = pki.issue("server", "pg.test", "DNS:pg.test");
@@ -180,13 +193,18 @@ impl TlsPostgres {
             .reconfigure(
                 &[],
                 "",
-                Some(
+                Some(&format!(
                     "local all all trust\n\
                      hostssl all app 127.0.0.1/32 cert\n\
                      hostssl all pw 127.0.0.1/32 scram-sha-256\n\
                      hostssl all all 127.0.0.1/32 trust\n\
-                     hostnossl all all 127.0.0.1/32 reject\n",
-                ),
+                     hostnossl all all 127.0.0.1/32 {}\n",
+                    if plain == Plain::Taken {
+                        "trust"
+                    } else {
+                        "reject"
+                    }
+                )),
             )
             .expect("require TLS in pg_hba.conf");
         TlsPostgres { cluster, pki }
@@ -382,6 +400,12 @@ handler = { kind = "rust", name = "h" }
 
 /// Runs `n` jobs through a worker of `env` and waits for them to complete.
 async fn run_jobs(env: &TestEnv, n: usize) {
+    run_jobs_on(env, n).await.shutdown().await;
+}
+
+/// Starts a worker of `env`, runs `n` jobs through it, waits for them to complete and
+/// returns the worker, still running.
+async fn run_jobs_on(env: &TestEnv, n: usize) -> jobwarden::RunningWorker {
     let h = from_fn(|_job| async { Ok(Some(json!({"ok": true}))) });
     let worker = env.worker(&[("h", h)]).await;
     let client = jobwarden::client::Client::new(env.store.clone(), env.broker.clone());
@@ -396,27 +420,60 @@ async fn run_jobs(env: &TestEnv, n: usize) {
         "{n} jobs should complete; {} did",
         env.count("completed").await
     );
-    worker.shutdown().await;
+    worker
+}
+
+/// jobwarden's connections to the server other than the asking one: (pid, encrypted, the
+/// start of its last statement).
+async fn jobwarden_connections(env: &TestEnv) -> Vec<(i32, bool, String)> {
+    let c = env.store.raw().await.unwrap();
+    c.query(
+        "SELECT a.pid, s.ssl, left(a.query, 60) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.application_name = 'jobwarden' AND a.pid <> pg_backend_pid() ORDER BY a.pid",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
 }
 
 #[tokio::test]
 async fn a_worker_runs_jobs_with_postgres_over_verified_tls_only() {
-    let pg = TlsPostgres::start();
+    // The server takes plain connections too: that every connection is encrypted must be the
+    // worker's doing, and is seen here, not enforced by pg_hba.conf (which would only turn a
+    // plain connection into a failed one, and a failed LISTEN into quiet polling).
+    let pg = TlsPostgres::start_with(Plain::Taken);
     let url = pg.url(
         "postgres",
         &format!("sslmode=verify-full&sslrootcert={}", pg.pki.ca().display()),
     );
     let env = TestEnv::with_database(&url, WORK).await;
-    run_jobs(&env, 20).await;
-    // Every connection the worker made was encrypted: the server refuses plain ones, and
-    // the ones still open say so.
-    let plain = env
-        .scalar(
-            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-             WHERE a.application_name = 'jobwarden' AND NOT s.ssl",
-        )
-        .await;
-    assert_eq!(plain, 0);
+    let worker = run_jobs_on(&env, 20).await;
+    // While the worker runs: its connections are open, among them the scheduler's LISTEN
+    // connection (opened on its own, outside the pool).
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let (conns, listening) = loop {
+        let conns = jobwarden_connections(&env).await;
+        let listening = conns.iter().any(|(_, _, q)| q.starts_with("LISTEN"));
+        if listening || std::time::Instant::now() > until {
+            break (conns, listening);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("jobwarden's connections while the worker runs: {conns:?}");
+    assert!(
+        listening,
+        "no LISTEN connection of the worker's scheduler within 10 s: {conns:?}"
+    );
+    let plain: Vec<_> = conns.iter().filter(|(_, ssl, _)| !ssl).collect();
+    assert!(
+        plain.is_empty(),
+        "every jobwarden connection must be encrypted (the worker is configured with \
+         sslmode=verify-full); these are not (pid, ssl, last statement): {plain:?}"
+    );
+    worker.shutdown().await;
 }
 
 /// A nats-server with TLS (client certificates verified), users with passwords and the

@@ -27,15 +27,19 @@ async fn main() -> anyhow::Result<()> {
     for (id, queue, status, attempts) in &report.sample_pipeline {
         println!("  {id:<12} {queue:<6} {status:<10} {attempts}");
     }
-    let ok = report.duplicate_charges == 0 && report.other_steps_rerun == 0;
+    let ok = report.duplicate_charges == 0
+        && report.other_steps_rerun == 0
+        && report.unexplained_runs.is_empty();
     println!(
         "\n{} orders: {} pipelines completed, {} charges ({} duplicate), {} PDF steps retried \
-         alone: {}",
+         alone, {} handler calls ({} unexplained): {}",
         report.orders,
         report.completed,
         report.charges,
         report.duplicate_charges,
         report.pdf_retried,
+        report.handler_calls,
+        report.unexplained_runs.len(),
         if ok { "OK" } else { "FAILED" }
     );
     std::process::exit(if ok { 0 } else { 1 });

@@ -11,7 +11,14 @@
 //! (`WHERE pipeline = 'order-7'`), `jobwarden jobs pipeline order-7`, and one dashboard view
 //! (`/pipeline?id=order-7`).
 //!
+//! The gateway's ledger is idempotent, so it would hide a step run twice: every handler call
+//! is also counted per job and checked against jobwarden's record of claims, retries and
+//! reclaims (`Report::unexplained_runs`, see examples/common/runs.rs).
+//!
 //! Used by `cargo run --example order_pipeline` and `tests/scenarios.rs`.
+
+#[path = "../common/runs.rs"]
+mod runs;
 
 use jobwarden::config::Config;
 use jobwarden::handler::{from_fn, JobError};
@@ -63,6 +70,10 @@ pub struct Report {
     pub dashboard: Option<String>,
     /// Rows of that pipeline in the dashboard's pipeline view (`/pipeline?id=order-4`).
     pub dashboard_pipeline_rows: usize,
+    /// Handler calls of every step, per job.
+    pub handler_calls: usize,
+    /// Jobs whose handler calls jobwarden's record does not explain (must be empty).
+    pub unexplained_runs: Vec<String>,
     pub seconds: f64,
 }
 
@@ -75,6 +86,13 @@ struct World {
     pdf_runs: HashMap<i64, usize>,
     email_runs: HashMap<i64, usize>,
     charge_runs_by_order: HashMap<i64, usize>,
+    /// Every handler call of every step, per job id.
+    calls: HashMap<String, usize>,
+}
+
+/// Counts one handler call of `job`.
+fn called(w: &Mutex<World>, job: &jobwarden::handler::JobContext) {
+    *w.lock().unwrap().calls.entry(job.id.clone()).or_default() += 1;
 }
 
 const QUEUES: &str = r#"
@@ -136,6 +154,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     let charge = from_fn(move |job| {
         let (w, fixed) = (w.clone(), fixed.clone());
         async move {
+            called(&w, &job);
             let order = order_of(&job.payload);
             // The gateway: 50 ms per call; the job id is the idempotency key.
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -161,6 +180,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     let pdf = from_fn(move |job| {
         let w = w.clone();
         async move {
+            called(&w, &job);
             let order = order_of(&job.payload);
             let runs = {
                 let mut w = w.lock().unwrap();
@@ -185,6 +205,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     let email = from_fn(move |job| {
         let w = w.clone();
         async move {
+            called(&w, &job);
             *w.lock()
                 .unwrap()
                 .email_runs
@@ -348,6 +369,11 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     for w in workers {
         w.shutdown().await;
     }
+    // After the shutdown: every attempt has ended and is on record.
+    let calls = world.lock().unwrap().calls.clone();
+    report.handler_calls = calls.values().sum();
+    report.unexplained_runs =
+        runs::unexplained_runs(&c, &["charge", "pdf", "email"], &calls).await?;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

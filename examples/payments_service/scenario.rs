@@ -10,12 +10,17 @@
 //! The gateway here is a fake that keeps every charge it made, replays a charge for a key
 //! it has seen, and fails some calls *after* charging (the worst kind of transient error:
 //! the money moved, the caller does not know). `Report::duplicate_charges` counts payments
-//! charged more than once; the scenario fails if it is not 0.
+//! charged more than once; the scenario fails if it is not 0. That ledger is idempotent, so
+//! it would hide jobwarden running a job twice: the gateway also counts every call per job,
+//! and `Report::unexplained_runs` names the jobs whose calls jobwarden's record of claims,
+//! retries and reclaims does not explain (see examples/common/runs.rs).
 //!
 //! Used by `cargo run --example payments_service` and `tests/scenarios.rs`.
 
 #[path = "../common/pod.rs"]
 mod pod;
+#[path = "../common/runs.rs"]
+mod runs;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -69,6 +74,11 @@ pub struct Report {
     pub attempts_recovered: i64,
     /// Payments whose status is `charged`.
     pub charged: i64,
+    /// Calls that reached the gateway, replays included (every run of a charge job).
+    pub gateway_calls: usize,
+    /// Jobs whose gateway calls jobwarden's record does not explain (must be empty): called
+    /// more often than claimed, or claimed again with no recorded end of the attempt before.
+    pub unexplained_runs: Vec<String>,
     pub seconds: f64,
 }
 
@@ -79,6 +89,8 @@ struct Gateway {
     by_key: HashMap<String, String>,
     /// Every charge made: (payment id, charge id).
     charges: Vec<(String, String)>,
+    /// Every call, replayed or not, per idempotency key (the job id).
+    calls: HashMap<String, usize>,
     replayed: usize,
     failed: usize,
     fail_every: usize,
@@ -101,6 +113,7 @@ async fn gateway_charge(
             Json(json!({"error": "Idempotency-Key required"})),
         );
     };
+    *gw.lock().unwrap().calls.entry(key.clone()).or_default() += 1;
     // A real gateway takes a while: long enough for a worker to be killed mid-charge.
     tokio::time::sleep(Duration::from_millis(150)).await;
     let mut g = gw.lock().unwrap();
@@ -438,6 +451,9 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         )
         .await?
         .get(0);
+    let calls = gw.lock().unwrap().calls.clone();
+    report.gateway_calls = calls.values().sum();
+    report.unexplained_runs = runs::unexplained_runs(&c, &["charges"], &calls).await?;
     {
         let g = gw.lock().unwrap();
         report.charges = g.charges.len();

@@ -6,6 +6,7 @@
 use jobwarden::broker::{Broker, Lane};
 use jobwarden::config::Config;
 use jobwarden::store::Store;
+pub mod evidence;
 pub mod generators;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
 pub mod testkit;

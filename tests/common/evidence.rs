@@ -1,0 +1,113 @@
+//! Evidence that a mechanism ran, read from outside the worker: its own `/metrics` once it
+//! serves them, and the application's count of handler calls checked against jobwarden's
+//! record of claims and attempt ends (`examples/common/runs.rs`, shared with the examples).
+
+use super::ChildWorker;
+use jobwarden::config::Config;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+#[path = "../../examples/common/runs.rs"]
+mod runs;
+#[allow(unused_imports)] // used by some test files, not all
+pub use runs::unexplained_runs;
+
+impl ChildWorker {
+    /// Like [`ChildWorker::spawn`], with the process's ops port (`/metrics`, `/readyz`) on
+    /// a free port of its own, returned with it.
+    pub fn spawn_with_ops(config: &Config, hostname: &str) -> (ChildWorker, SocketAddr) {
+        let port = super::testkit::free_port();
+        let mut config = config.clone();
+        config.worker.ops_listen = format!("127.0.0.1:{port}");
+        let child = ChildWorker::spawn(&config, hostname);
+        (child, SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+}
+
+/// Waits until the worker whose ops port is `addr` serves `/metrics` (up to `limit`), and
+/// returns the text. A worker serves its ops port only once its start is over — after
+/// start-up reconciliation, which runs before it takes any work (`Worker::start`) — so an
+/// answer is evidence that reconciliation has run, and its `reclaims` counter says what it
+/// took.
+pub async fn metrics_after_start(addr: SocketAddr, limit: Duration) -> Option<String> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("an HTTP client");
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(r) = http.get(format!("http://{addr}/metrics")).send().await {
+            if r.status().is_success() {
+                return r.text().await.ok();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// The value of the sample `name{labels}` in Prometheus text (labels as written there, e.g.
+/// `reason="restarted"`), or `None` when the text has no such sample.
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let head = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines().find_map(|l| {
+        l.strip_prefix(&head)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Waits until each worker of `ops` (name, ops address) has finished its start-up
+/// reconciliation (it serves its metrics only after), then checks that it took nothing
+/// back and that `owner` still holds every job under its first lease, undeclared dead.
+pub async fn assert_jobs_kept_after_reconciliation(
+    env: &super::TestEnv,
+    owner: &str,
+    ops: &[(&str, std::net::SocketAddr)],
+) {
+    for (name, addr) in ops {
+        let m = metrics_after_start(*addr, Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|| panic!("the {name} worker did not finish starting within 20 s"));
+        let took = sample(&m, "jobwarden_reclaims_total", "reason=\"restarted\"");
+        assert_eq!(
+            took,
+            Some(0.0),
+            "the {name} worker's start-up reconciliation took {took:?} jobs from the live \
+             worker {owner} on its host"
+        );
+    }
+    let c = env.store.raw().await.unwrap();
+    for r in c
+        .query(
+            "SELECT id, status, worker_id, lease FROM jobs ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (id, status, worker, lease): (String, String, Option<String>, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        assert_eq!(
+            (status.as_str(), worker.as_deref(), lease),
+            ("processing", Some(owner), 1),
+            "job {id} was taken from the live worker {owner} at another worker's start"
+        );
+    }
+    let stopped: Option<String> = c
+        .query_one("SELECT stop_reason FROM workers WHERE id = $1", &[&owner])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        stopped, None,
+        "the live worker {owner} was declared stopped"
+    );
+}
