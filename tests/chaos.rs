@@ -489,19 +489,27 @@ async fn chaos() {
     assert!(stuck.is_empty(), "stuck jobs: {stuck:?}");
     assert!(
         double.is_empty(),
-        "jobs not completed exactly once at the source (trigger on jobs): {double:?}"
+        "{} jobs not completed exactly once at the source (the trigger on jobs); the first: {:#?}",
+        double.len(),
+        &double[..double.len().min(5)]
     );
     assert!(
         reopened.is_empty(),
-        "jobs completed once and now in another state: {reopened:?}"
+        "{} jobs completed and now in another state; the first: {:?}",
+        reopened.len(),
+        &reopened[..reopened.len().min(5)]
     );
     assert!(
         foreign.is_empty(),
-        "completions that settled another run's answer (result is not the owner's receipt): {foreign:?}"
+        "{} completions settled another run's answer (the result is not the owner's receipt); the first: {:#?}",
+        foreign.len(),
+        &foreign[..foreign.len().min(5)]
     );
     assert!(
         unearned.is_empty(),
-        "completions whose run never reached its end in the app: {unearned:?}"
+        "{} completions name a run whose handler never reached its end in the app; the first: {:#?}",
+        unearned.len(),
+        &unearned[..unearned.len().min(5)]
     );
     assert!(
         overlaps.is_empty(),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
+use common::{completions, outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
 use jobwarden::handler::{from_fn, JobError, Progress};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -142,6 +142,7 @@ async fn a_worker_killed_for_good_has_its_jobs_run_elsewhere_with_default_settin
 async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont() {
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, &with_worker(FAST))).await;
+    completions::record_completions(&env).await;
     let a = ChildWorker::spawn(&env.config, "pod-a");
     let ids = env.publish_held("paused", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
@@ -154,9 +155,21 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
         .await,
         "paused worker's jobs were not reclaimed"
     );
-    // B finishes them; A's held requests are answered too, but A is still stopped.
+    // B finishes them; A's held requests are answered too, but A is still stopped: each job's
+    // handler reaches its end twice, and A holds a finished run of each when it wakes.
     app.release();
     assert!(env.wait_count("completed", 3, 10).await);
+    let ended_twice = wait_for(Duration::from_secs(5), || async {
+        let answered = app.answered.lock().unwrap();
+        ids.iter()
+            .all(|id| answered.iter().filter(|(a, _, _)| a == id).count() == 2)
+    })
+    .await;
+    assert!(
+        ended_twice,
+        "not every job's handler reached its end for both workers: {:?}",
+        app.answered.lock().unwrap()
+    );
     a.signal(Signal::SIGCONT);
     // A wakes up: declared dead, its attempts are stopped and settle nothing. (Whether it
     // reads its application's late answers before it notices is a race; a late success it
@@ -187,14 +200,23 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
         .await,
         "the paused worker did not register again after SIGCONT"
     );
+    // A second for a late settle of A's to land, if the fences let one through.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // Completions counted at the source (job_attempts shows at most one per job whatever
+    // happened): exactly one each, B's, settling B's own run.
+    let recorded = completions::completions(&env).await;
     for id in &ids {
-        let o = outcomes(&env.store, id).await;
-        assert_eq!(
-            o.iter().filter(|x| *x == "completed").count(),
-            1,
-            "{id}: {o:?}"
+        let done = recorded.get(id).map_or(&[][..], Vec::as_slice);
+        assert!(
+            done.len() == 1
+                && done[0]
+                    .worker_id
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with("pod-b-"))
+                && done[0].settled_its_own_run(),
+            "{id} must be completed once, by pod-b, settling its own run; completions: {done:#?}"
         );
+        let o = outcomes(&env.store, id).await;
         assert!(o.contains(&"owner_dead".to_string()), "{id}: {o:?}");
         // A republished message may land in the paused worker's still-open pull request:
         // broker-loss repair (or adoption) brings it back.
