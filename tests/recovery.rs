@@ -9,6 +9,7 @@ use common::{completions, outcomes, stat, wait_for, ChildWorker, RecordingApp, T
 use jobwarden::handler::{from_fn, JobError, Progress};
 use nix::sys::signal::Signal;
 use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -509,7 +510,9 @@ async fn drain_endpoint_releases_running_jobs_and_turns_unready() {
     worker.shutdown().await;
 }
 
-#[tokio::test]
+// Two runtime threads: a restart blocks the test's thread (block_in_place) while the worker
+// runs on, so the faults hit it mid-work rather than while it is frozen with the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_and_nats_restarts_lose_nothing() {
     let pg = common::testkit::PgCluster::start().unwrap();
     let mut env = TestEnv::with_database(
@@ -518,18 +521,24 @@ async fn postgres_and_nats_restarts_lose_nothing() {
          [queues.work]\nconcurrency = 20\nhandler = { kind = \"rust\", name = \"h\" }\n",
     )
     .await;
+    completions::record_completions(&env).await;
     let done = Arc::new(Mutex::new(std::collections::HashMap::<String, u32>::new()));
     let d = done.clone();
+    // Jobs of 200 ms, about 60 enqueued a second: a dozen run at any time, so the restarts
+    // find jobs running, claims and settles in flight.
     let h = from_fn(move |job| {
         let d = d.clone();
         async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             *d.lock().unwrap().entry(job.id.clone()).or_default() += 1;
             Ok(None)
         }
     });
     let worker = env.worker(&[("h", h)]).await;
-    let mut submitted = std::collections::HashSet::new();
+    let mut submitted = BTreeSet::new();
+    // Enqueues that failed otherwise: not promised, but one whose commit went through before
+    // its answer was lost exists, and must then complete like any other.
+    let mut unsure = BTreeSet::new();
     let started = Instant::now();
     let mut pg_restarted = false;
     let mut nats_restarted = false;
@@ -542,62 +551,87 @@ async fn postgres_and_nats_restarts_lose_nothing() {
             Ok(_) | Err(jobwarden::client::ClientError::Publish { .. }) => {
                 submitted.insert(id);
             }
-            Err(_) => {}
+            Err(_) => {
+                unsure.insert(id);
+            }
         }
         if !pg_restarted && started.elapsed() > Duration::from_millis(1500) {
-            pg.restart_immediate().unwrap();
+            tokio::task::block_in_place(|| pg.restart_immediate().unwrap());
             pg_restarted = true;
         }
         if !nats_restarted && started.elapsed() > Duration::from_millis(3500) {
-            env.nats.restart().unwrap();
+            tokio::task::block_in_place(|| env.nats.restart().unwrap());
             nats_restarted = true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let n = submitted.len();
     assert!(n > 100, "only {n} jobs submitted");
+    // Every job's status, by id (empty while PostgreSQL does not answer).
+    let statuses = || async {
+        let Ok(c) = env.store.raw().await else {
+            return BTreeMap::new();
+        };
+        c.query("SELECT id, status FROM jobs", &[])
+            .await
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .unwrap_or_default()
+    };
     let all_done = wait_for(Duration::from_secs(60), || async {
-        let c = env.store.raw().await;
-        match c {
-            Ok(c) => {
-                let done: i64 = c
-                    .query_one("SELECT count(*) FROM jobs WHERE status = 'completed'", &[])
-                    .await
-                    .map(|r| r.get(0))
-                    .unwrap_or(0);
-                done as usize == n
-            }
-            Err(_) => false,
-        }
+        let jobs = statuses().await;
+        submitted.iter().all(|id| jobs.contains_key(id))
+            && jobs.values().all(|s| s == "completed")
     })
     .await;
+    let jobs = statuses().await;
     let runs = done.lock().unwrap().clone();
-    let missing: Vec<_> = submitted
+    // Submitted jobs missing or not completed, and any other job not completed.
+    let not_completed: Vec<(&String, Option<&String>)> = submitted
         .iter()
-        .filter(|id| !runs.contains_key(*id))
-        .take(5)
+        .map(|id| (id, jobs.get(id)))
+        .chain(jobs.iter().map(|(id, s)| (id, Some(s))))
+        .filter(|(_, s)| s.map(String::as_str) != Some("completed"))
+        .collect::<BTreeMap<_, _>>()
+        .into_iter()
         .collect();
     if !all_done {
-        let c = env.store.raw().await.unwrap();
-        let rows = c
-            .query(
-                "SELECT status, count(*), min(id), max(updated_at)::text FROM jobs GROUP BY status",
-                &[],
-            )
-            .await
-            .unwrap();
-        let by_status: Vec<(String, i64, String, String)> = rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect();
         let backlog = env.consumer_backlog("work").await;
         panic!(
-            "not all {n} submitted jobs completed; never ran: {missing:?}; \
-             jobs by status {by_status:?}; consumer (pending, ack_pending) {backlog:?}"
+            "{} of {n} submitted jobs did not complete within 60 s (id, status): {:?}; \
+             consumer (pending, ack_pending) {backlog:?}",
+            not_completed.len(),
+            &not_completed[..not_completed.len().min(10)]
         );
     }
+    // The same ids, no others: every job that exists was submitted (or its enqueue's answer
+    // was lost), and completed exactly once at the source, its handler having run.
+    let extra: Vec<&String> = jobs
+        .keys()
+        .filter(|id| !submitted.contains(*id) && !unsure.contains(*id))
+        .collect();
+    assert!(extra.is_empty(), "jobs nobody submitted: {extra:?}");
+    let recorded = completions::completions(&env).await;
+    let not_once = completions::not_completed_once(&recorded, jobs.keys());
+    assert!(
+        not_once.is_empty(),
+        "{} jobs not completed exactly once at the source; the first: {:?}",
+        not_once.len(),
+        &not_once[..not_once.len().min(5)]
+    );
+    let never_ran: Vec<&String> = jobs.keys().filter(|id| !runs.contains_key(*id)).collect();
+    assert!(
+        never_ran.is_empty(),
+        "jobs completed without their handler running: {never_ran:?}"
+    );
     println!(
-        "server restarts: {n} jobs submitted, all completed; {} ran more than once",
+        "server restarts: {n} jobs submitted (and {} of {} enqueues that failed were stored), \
+         each completed once; {} ran more than once",
+        jobs.len() - n,
+        unsure.len(),
         runs.values().filter(|&&c| c > 1).count()
     );
     worker.shutdown().await;
