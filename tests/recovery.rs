@@ -583,8 +583,7 @@ async fn postgres_and_nats_restarts_lose_nothing() {
     };
     let all_done = wait_for(Duration::from_secs(60), || async {
         let jobs = statuses().await;
-        submitted.iter().all(|id| jobs.contains_key(id))
-            && jobs.values().all(|s| s == "completed")
+        submitted.iter().all(|id| jobs.contains_key(id)) && jobs.values().all(|s| s == "completed")
     })
     .await;
     let jobs = statuses().await;

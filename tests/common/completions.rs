@@ -29,8 +29,7 @@ impl Completion {
     /// a completion whose result names another run (a stale owner's late answer written over
     /// the current owner's row) settled someone else's work.
     pub fn settled_its_own_run(&self) -> bool {
-        self.result.as_ref()
-            == Some(&json!({ "worker": self.worker_id, "attempt": self.attempt }))
+        self.result.as_ref() == Some(&json!({ "worker": self.worker_id, "attempt": self.attempt }))
     }
 }
 
