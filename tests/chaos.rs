@@ -1,7 +1,9 @@
 //! The chaos run: four `jobwarden run` processes against a nats-server and a PostgreSQL
 //! this test owns, a known set of jobs, and a fault every few seconds. Then quiet, drain, and
-//! a checker that fails on any lost job, any job left non-terminal, any double completion,
-//! and any **overlapping run between live owners** (two workers running one job at the same
+//! a checker that fails on any lost job, any job left non-terminal, any double completion
+//! (counted at the source: a trigger on the test's `jobs` table records every write that
+//! completes a job), any completion that settled another run's answer, and any
+//! **overlapping run between live owners** (two workers running one job at the same
 //! time when the first one was neither killed nor paused).
 //!
 //! The pods are not alike, as in a real deployment: two serve `work` with short thresholds
@@ -21,7 +23,7 @@
 
 mod common;
 
-use common::{ChildWorker, RecordingApp, Run, TestEnv};
+use common::{completions, ChildWorker, RecordingApp, Run, TestEnv};
 use jobwarden::broker::Lane;
 use jobwarden::client::{Client, ClientError, EnqueueOptions};
 use jobwarden::config::Config;
@@ -100,6 +102,7 @@ async fn chaos() {
         ),
     )
     .await;
+    completions::record_completions(&env).await;
     let configs: Vec<Config> = (0..PODS).map(|i| pod_config(&env.config, i)).collect();
     let spawn = |i: usize| ChildWorker::spawn(&configs[i], &format!("w{i}"));
     let mut pods: Vec<Option<ChildWorker>> = (0..PODS).map(|i| Some(spawn(i))).collect();
@@ -319,16 +322,23 @@ async fn chaos() {
         .iter()
         .filter(|(_, s)| !matches!(s.as_str(), "completed" | "dead" | "cancelled"))
         .collect();
-    let double: Vec<(String, i64)> = c
-        .query(
-            "SELECT job_id, count(*) FROM job_attempts WHERE outcome = 'completed'
-             GROUP BY 1 HAVING count(*) > 1",
-            &[],
-        )
-        .await
-        .unwrap()
+    // Completions at the source (the trigger), per job: exactly one for every completed job,
+    // none for any other, each settling its owner's own run (the app's receipt).
+    let recorded = completions::completions(&env).await;
+    let completed_ids: Vec<&String> = status
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .filter(|(_, s)| *s == "completed")
+        .map(|(id, _)| id)
+        .collect();
+    let double = completions::not_completed_once(&recorded, completed_ids.iter().copied());
+    let reopened: Vec<(&String, &Vec<completions::Completion>)> = recorded
+        .iter()
+        .filter(|(id, _)| status.get(*id).map(String::as_str) != Some("completed"))
+        .collect();
+    let foreign: Vec<(&String, &completions::Completion)> = recorded
+        .iter()
+        .flat_map(|(id, cs)| cs.iter().map(move |c| (id, c)))
+        .filter(|(_, c)| !c.settled_its_own_run())
         .collect();
     let reasons: Vec<(String, i64)> = c
         .query(
@@ -344,6 +354,37 @@ async fn chaos() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let runs = app.runs.lock().unwrap().clone();
     let starts = app.starts.lock().unwrap().clone();
+    // The application's side: handler runs that reached their end, per job. At least once for
+    // every completed job, and the completing run among them. More than once is allowed: a
+    // run can end while its worker is being killed or paused (or just before it loses the
+    // job), so its settle never lands and the job runs again; the fenced settle keeps those
+    // extra ends from completing the job a second time (checked above, at the source).
+    let answered = app.answered.lock().unwrap().clone();
+    let mut ends: HashMap<&str, usize> = HashMap::new();
+    for (id, _, _) in &answered {
+        *ends.entry(id.as_str()).or_default() += 1;
+    }
+    let ended: HashSet<(&str, u64, &str)> = answered
+        .iter()
+        .map(|(id, a, w)| (id.as_str(), *a, w.as_str()))
+        .collect();
+    let unearned: Vec<(&String, &completions::Completion)> = recorded
+        .iter()
+        .flat_map(|(id, cs)| cs.iter().map(move |c| (id, c)))
+        .filter(|(id, c)| {
+            !ended.contains(&(
+                id.as_str(),
+                c.attempt as u64,
+                c.worker_id.as_deref().unwrap_or(""),
+            ))
+        })
+        .collect();
+    let mut ends_histogram: BTreeMap<usize, usize> = BTreeMap::new();
+    for id in &completed_ids {
+        *ends_histogram
+            .entry(ends.get(id.as_str()).copied().unwrap_or(0))
+            .or_default() += 1;
+    }
     let (overlaps, excused) = overlapping_runs(&runs, &hits);
     let mut per_job: HashMap<&str, Vec<Instant>> = HashMap::new();
     for s in &starts {
@@ -373,7 +414,16 @@ async fn chaos() {
     println!("dead:                  {}", dead.len());
     println!("lost:                  {}", lost.len());
     println!("stuck (non-terminal):  {}", stuck.len());
-    println!("double completions:    {}", double.len());
+    println!(
+        "double completions:    {} (completions counted at the source: {} for {} completed jobs)",
+        double.len(),
+        recorded.values().map(Vec::len).sum::<usize>(),
+        completed_ids.len()
+    );
+    println!(
+        "handler ends per job:  {ends_histogram:?}  (ends reached → completed jobs; {} ends beyond the first)",
+        ends.values().map(|n| n.saturating_sub(1)).sum::<usize>()
+    );
     println!(
         "overlapping runs:      {} between live owners; {} where the first owner was killed or paused mid-run",
         overlaps.len(),
@@ -437,7 +487,30 @@ async fn chaos() {
     );
     assert!(lost.is_empty(), "lost jobs: {lost:?}");
     assert!(stuck.is_empty(), "stuck jobs: {stuck:?}");
-    assert!(double.is_empty(), "double completions: {double:?}");
+    assert!(
+        double.is_empty(),
+        "{} jobs not completed exactly once at the source (the trigger on jobs); the first: {:#?}",
+        double.len(),
+        &double[..double.len().min(5)]
+    );
+    assert!(
+        reopened.is_empty(),
+        "{} jobs completed and now in another state; the first: {:?}",
+        reopened.len(),
+        &reopened[..reopened.len().min(5)]
+    );
+    assert!(
+        foreign.is_empty(),
+        "{} completions settled another run's answer (the result is not the owner's receipt); the first: {:#?}",
+        foreign.len(),
+        &foreign[..foreign.len().min(5)]
+    );
+    assert!(
+        unearned.is_empty(),
+        "{} completions name a run whose handler never reached its end in the app; the first: {:#?}",
+        unearned.len(),
+        &unearned[..unearned.len().min(5)]
+    );
     assert!(
         overlaps.is_empty(),
         "runs of one job overlapped between live owners: {overlaps:#?}"

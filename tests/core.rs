@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{stat, wait_for, TestEnv};
+use common::{completions, stat, wait_for, TestEnv};
 use jobwarden::handler::{from_fn, JobError, Progress};
 use jobwarden::store::Claim;
 use serde_json::{json, Value};
@@ -91,41 +91,124 @@ async fn thousand_plain_messages_all_complete_exactly_once() {
 
 #[tokio::test]
 async fn same_job_id_published_twice_runs_once() {
+    // Every copy below is stored by JetStream (each publish ack says "not a duplicate"), so
+    // only jobwarden's claim stands between a copy and a second run: the stream's duplicate
+    // window is cut to 1 s and the copies that reuse a Nats-Msg-Id come after it.
     let env = TestEnv::new(RUST_QUEUE).await;
-    let (h, runs) = counting();
-    let worker = env.worker(&[("h", h)]).await;
+    completions::record_completions(&env).await;
+    let window = Duration::from_secs(1);
+    let mut stream = env.broker.stream().await.unwrap();
+    let mut sc = stream.info().await.unwrap().config.clone();
+    sc.duplicate_window = window;
+    env.broker.js.update_stream(sc).await.unwrap();
+    let mut config = env.config.clone();
+    config.nats.duplicate_window = window;
+    // Counts runs; holds the first run of dup-2 until released.
+    let runs: Runs = Arc::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (r, g) = (runs.clone(), gate.clone());
+    let h = from_fn(move |job| {
+        let (r, g) = (r.clone(), g.clone());
+        async move {
+            *r.lock().unwrap().entry(job.id.clone()).or_default() += 1;
+            if job.id == "dup-2" {
+                g.acquire().await.unwrap().forget();
+            }
+            Ok(None)
+        }
+    });
+    let worker = env.worker_with(config, &[("h", h)]).await;
+    let stored = |ack: async_nats::jetstream::publish::PublishAck, what: &str| {
+        assert!(
+            !ack.duplicate,
+            "JetStream dropped {what} as a duplicate: the test needs it stored"
+        );
+    };
+    // A body id, no Nats-Msg-Id: both copies stored, back to back.
     let body = br#"{"id":"dup-1","payload":{"x":1}}"#.to_vec();
-    env.publish_raw("work", body.clone()).await;
-    env.publish_raw("work", body.clone()).await;
-    // A producer setting Nats-Msg-Id without a body id names the same job too.
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, "dup-2");
-    for _ in 0..2 {
-        // Second publish inside the dedup window is dropped by JetStream itself; publish it
-        // again under another subject-level id to get a real second delivery.
+    let publish_body = || async {
         env.broker
             .js
-            .publish_with_headers("jobs.work", headers.clone(), br#"{"y":2}"#.to_vec().into())
+            .publish("jobs.work", body.clone().into())
             .await
             .unwrap()
             .await
-            .unwrap();
-    }
+            .unwrap()
+    };
+    stored(publish_body().await, "dup-1's first copy");
+    stored(publish_body().await, "dup-1's second copy");
+    // A Nats-Msg-Id without a body id names the job too. Its second copy comes while the
+    // first runs (held), past the duplicate window.
+    let publish_header = || async {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, "dup-2");
+        env.broker
+            .js
+            .publish_with_headers("jobs.work", headers, br#"{"y":2}"#.to_vec().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    };
+    stored(publish_header().await, "dup-2's first copy");
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            runs.lock().unwrap().contains_key("dup-2")
+        })
+        .await,
+        "dup-2 never started"
+    );
+    tokio::time::sleep(window + Duration::from_millis(500)).await;
+    stored(publish_header().await, "dup-2's copy sent while it runs");
+    // That copy is acked and dropped while the first still runs: one message unacked (the
+    // running one), none waiting.
+    let absorbed = wait_for(Duration::from_secs(10), || async {
+        env.consumer_backlog("work").await == (0, 1)
+    })
+    .await;
+    assert!(
+        absorbed,
+        "the copy of dup-2 sent while it ran was not dropped: consumer (pending, unacked) = \
+         {:?}, runs {:?}",
+        env.consumer_backlog("work").await,
+        runs.lock().unwrap()
+    );
+    // Released for good: a run that should not happen still ends, and is counted.
+    gate.add_permits(1000);
     assert!(
         wait_for(Duration::from_secs(20), || async {
             env.status_of("dup-1").await.as_deref() == Some("completed")
                 && env.status_of("dup-2").await.as_deref() == Some("completed")
         })
-        .await
+        .await,
+        "dup-1 and dup-2 did not complete"
     );
-    // After completion, another copy arrives: acked and dropped, not run.
-    env.publish_raw("work", body).await;
+    // After completion, another copy of each arrives: acked and dropped, not run.
+    tokio::time::sleep(window + Duration::from_millis(500)).await;
+    stored(publish_body().await, "dup-1's copy after completion");
+    stored(publish_header().await, "dup-2's copy after completion");
     env.wait_consumer_drained("work").await;
+    let recorded = completions::completions(&env).await;
+    let ids = ["dup-1".to_string(), "dup-2".to_string()];
+    let not_once = completions::not_completed_once(&recorded, &ids);
+    assert!(
+        not_once.is_empty(),
+        "not completed exactly once at the source: {not_once:#?}"
+    );
     let runs = runs.lock().unwrap().clone();
-    assert_eq!(runs.get("dup-1"), Some(&1), "{runs:?}");
-    assert_eq!(runs.get("dup-2"), Some(&1), "{runs:?}");
+    assert_eq!(
+        (runs.get("dup-1"), runs.get("dup-2")),
+        (Some(&1), Some(&1)),
+        "each job was to run once whatever copies of its message came; runs: {runs:?}"
+    );
     assert_eq!(env.count("completed").await, 2);
-    assert!(stat(&worker.stats.dropped) >= 2);
+    // Three copies found their job taken (dup-1's second may also have been dropped in the
+    // same claim group as its first: it counts the same).
+    assert!(
+        stat(&worker.stats.dropped) >= 4,
+        "dropped {}",
+        stat(&worker.stats.dropped)
+    );
     worker.shutdown().await;
 }
 

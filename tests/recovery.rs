@@ -6,10 +6,11 @@
 mod common;
 
 use common::evidence::assert_jobs_kept_after_reconciliation;
-use common::{outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
+use common::{completions, outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
 use jobwarden::handler::{from_fn, JobError, Progress};
 use nix::sys::signal::Signal;
 use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -146,6 +147,7 @@ async fn a_worker_killed_for_good_has_its_jobs_run_elsewhere_with_default_settin
 async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont() {
     let app = RecordingApp::start().await;
     let env = TestEnv::new(&http_queue(&app.url, &with_worker(FAST))).await;
+    completions::record_completions(&env).await;
     let a = ChildWorker::spawn(&env.config, "pod-a");
     let ids = env.publish_held("paused", 3).await;
     assert!(wait_for(Duration::from_secs(20), || async { app.start_count() == 3 }).await);
@@ -158,9 +160,21 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
         .await,
         "paused worker's jobs were not reclaimed"
     );
-    // B finishes them; A's held requests are answered too, but A is still stopped.
+    // B finishes them; A's held requests are answered too, but A is still stopped: each job's
+    // handler reaches its end twice, and A holds a finished run of each when it wakes.
     app.release();
     assert!(env.wait_count("completed", 3, 10).await);
+    let ended_twice = wait_for(Duration::from_secs(5), || async {
+        let answered = app.answered.lock().unwrap();
+        ids.iter()
+            .all(|id| answered.iter().filter(|(a, _, _)| a == id).count() == 2)
+    })
+    .await;
+    assert!(
+        ended_twice,
+        "not every job's handler reached its end for both workers: {:?}",
+        app.answered.lock().unwrap()
+    );
     a.signal(Signal::SIGCONT);
     // A wakes up: declared dead, its attempts are stopped and settle nothing. (Whether it
     // reads its application's late answers before it notices is a race; a late success it
@@ -191,14 +205,23 @@ async fn a_sigstopped_worker_loses_its_jobs_and_completes_nothing_after_sigcont(
         .await,
         "the paused worker did not register again after SIGCONT"
     );
+    // A second for a late settle of A's to land, if the fences let one through.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // Completions counted at the source (job_attempts shows at most one per job whatever
+    // happened): exactly one each, B's, settling B's own run.
+    let recorded = completions::completions(&env).await;
     for id in &ids {
-        let o = outcomes(&env.store, id).await;
-        assert_eq!(
-            o.iter().filter(|x| *x == "completed").count(),
-            1,
-            "{id}: {o:?}"
+        let done = recorded.get(id).map_or(&[][..], Vec::as_slice);
+        assert!(
+            done.len() == 1
+                && done[0]
+                    .worker_id
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with("pod-b-"))
+                && done[0].settled_its_own_run(),
+            "{id} must be completed once, by pod-b, settling its own run; completions: {done:#?}"
         );
+        let o = outcomes(&env.store, id).await;
         assert!(o.contains(&"owner_dead".to_string()), "{id}: {o:?}");
         // A republished message may land in the paused worker's still-open pull request:
         // broker-loss repair (or adoption) brings it back.
@@ -431,7 +454,9 @@ async fn a_job_that_kills_its_worker_every_time_ends_dead_after_max_attempts() {
     assert!(job.last_error.unwrap().contains("attempt 3 of 3"));
 }
 
-#[tokio::test]
+// Two runtime threads: a restart blocks the test's thread (block_in_place) while the worker
+// runs on, so the faults hit it mid-work rather than while it is frozen with the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_and_nats_restarts_lose_nothing() {
     let pg = common::testkit::PgCluster::start().unwrap();
     let mut env = TestEnv::with_database(
@@ -440,18 +465,24 @@ async fn postgres_and_nats_restarts_lose_nothing() {
          [queues.work]\nconcurrency = 20\nhandler = { kind = \"rust\", name = \"h\" }\n",
     )
     .await;
+    completions::record_completions(&env).await;
     let done = Arc::new(Mutex::new(std::collections::HashMap::<String, u32>::new()));
     let d = done.clone();
+    // Jobs of 200 ms, about 60 enqueued a second: a dozen run at any time, so the restarts
+    // find jobs running, claims and settles in flight.
     let h = from_fn(move |job| {
         let d = d.clone();
         async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             *d.lock().unwrap().entry(job.id.clone()).or_default() += 1;
             Ok(None)
         }
     });
     let worker = env.worker(&[("h", h)]).await;
-    let mut submitted = std::collections::HashSet::new();
+    let mut submitted = BTreeSet::new();
+    // Enqueues that failed otherwise: not promised, but one whose commit went through before
+    // its answer was lost exists, and must then complete like any other.
+    let mut unsure = BTreeSet::new();
     let started = Instant::now();
     let mut pg_restarted = false;
     let mut nats_restarted = false;
@@ -464,62 +495,86 @@ async fn postgres_and_nats_restarts_lose_nothing() {
             Ok(_) | Err(jobwarden::client::ClientError::Publish { .. }) => {
                 submitted.insert(id);
             }
-            Err(_) => {}
+            Err(_) => {
+                unsure.insert(id);
+            }
         }
         if !pg_restarted && started.elapsed() > Duration::from_millis(1500) {
-            pg.restart_immediate().unwrap();
+            tokio::task::block_in_place(|| pg.restart_immediate().unwrap());
             pg_restarted = true;
         }
         if !nats_restarted && started.elapsed() > Duration::from_millis(3500) {
-            env.nats.restart().unwrap();
+            tokio::task::block_in_place(|| env.nats.restart().unwrap());
             nats_restarted = true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let n = submitted.len();
     assert!(n > 100, "only {n} jobs submitted");
+    // Every job's status, by id (empty while PostgreSQL does not answer).
+    let statuses = || async {
+        let Ok(c) = env.store.raw().await else {
+            return BTreeMap::new();
+        };
+        c.query("SELECT id, status FROM jobs", &[])
+            .await
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .unwrap_or_default()
+    };
     let all_done = wait_for(Duration::from_secs(60), || async {
-        let c = env.store.raw().await;
-        match c {
-            Ok(c) => {
-                let done: i64 = c
-                    .query_one("SELECT count(*) FROM jobs WHERE status = 'completed'", &[])
-                    .await
-                    .map(|r| r.get(0))
-                    .unwrap_or(0);
-                done as usize == n
-            }
-            Err(_) => false,
-        }
+        let jobs = statuses().await;
+        submitted.iter().all(|id| jobs.contains_key(id)) && jobs.values().all(|s| s == "completed")
     })
     .await;
+    let jobs = statuses().await;
     let runs = done.lock().unwrap().clone();
-    let missing: Vec<_> = submitted
+    // Submitted jobs missing or not completed, and any other job not completed.
+    let not_completed: Vec<(&String, Option<&String>)> = submitted
         .iter()
-        .filter(|id| !runs.contains_key(*id))
-        .take(5)
+        .map(|id| (id, jobs.get(id)))
+        .chain(jobs.iter().map(|(id, s)| (id, Some(s))))
+        .filter(|(_, s)| s.map(String::as_str) != Some("completed"))
+        .collect::<BTreeMap<_, _>>()
+        .into_iter()
         .collect();
     if !all_done {
-        let c = env.store.raw().await.unwrap();
-        let rows = c
-            .query(
-                "SELECT status, count(*), min(id), max(updated_at)::text FROM jobs GROUP BY status",
-                &[],
-            )
-            .await
-            .unwrap();
-        let by_status: Vec<(String, i64, String, String)> = rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect();
         let backlog = env.consumer_backlog("work").await;
         panic!(
-            "not all {n} submitted jobs completed; never ran: {missing:?}; \
-             jobs by status {by_status:?}; consumer (pending, ack_pending) {backlog:?}"
+            "{} of {n} submitted jobs did not complete within 60 s (id, status): {:?}; \
+             consumer (pending, ack_pending) {backlog:?}",
+            not_completed.len(),
+            &not_completed[..not_completed.len().min(10)]
         );
     }
+    // The same ids, no others: every job that exists was submitted (or its enqueue's answer
+    // was lost), and completed exactly once at the source, its handler having run.
+    let extra: Vec<&String> = jobs
+        .keys()
+        .filter(|id| !submitted.contains(*id) && !unsure.contains(*id))
+        .collect();
+    assert!(extra.is_empty(), "jobs nobody submitted: {extra:?}");
+    let recorded = completions::completions(&env).await;
+    let not_once = completions::not_completed_once(&recorded, jobs.keys());
+    assert!(
+        not_once.is_empty(),
+        "{} jobs not completed exactly once at the source; the first: {:?}",
+        not_once.len(),
+        &not_once[..not_once.len().min(5)]
+    );
+    let never_ran: Vec<&String> = jobs.keys().filter(|id| !runs.contains_key(*id)).collect();
+    assert!(
+        never_ran.is_empty(),
+        "jobs completed without their handler running: {never_ran:?}"
+    );
     println!(
-        "server restarts: {n} jobs submitted, all completed; {} ran more than once",
+        "server restarts: {n} jobs submitted (and {} of {} enqueues that failed were stored), \
+         each completed once; {} ran more than once",
+        jobs.len() - n,
+        unsure.len(),
         runs.values().filter(|&&c| c > 1).count()
     );
     worker.shutdown().await;

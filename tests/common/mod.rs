@@ -6,6 +6,7 @@
 use jobwarden::broker::{Broker, Lane};
 use jobwarden::config::Config;
 use jobwarden::store::Store;
+pub mod completions;
 pub mod evidence;
 pub mod generators;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
@@ -518,7 +519,8 @@ impl Drop for RunGuard {
 }
 
 /// A local application for the http handler that records every start and every answer.
-/// Payload `{"ms": N}` answers after N ms; `{"hold": true}` answers only after
+/// Each answer is a receipt, `{"worker": <worker id>, "attempt": <n>}`, which becomes the job's
+/// result. Payload `{"ms": N}` answers after N ms; `{"hold": true}` answers only after
 /// [`RecordingApp::release`] (or never, for a job whose worker dies first); `{"chatty": true}`
 /// reports progress every 5 ms while it runs.
 pub struct RecordingApp {
@@ -613,12 +615,15 @@ impl RecordingApp {
                         if let Some(ms) = job["payload"]["ms"].as_u64() {
                             tokio::time::sleep(Duration::from_millis(ms)).await;
                         }
+                        // The answer is a receipt naming this run: the job's result then
+                        // says whose answer was settled (see completions.rs).
+                        let receipt = serde_json::json!({ "worker": worker, "attempt": attempt });
                         a.lock().unwrap().push((id, attempt, worker));
                         if let Some(run) = guard.run.as_mut() {
                             run.answered = true;
                         }
                         drop(guard);
-                        axum::http::StatusCode::OK
+                        (axum::http::StatusCode::OK, axum::Json(receipt))
                     }
                 },
             ),
