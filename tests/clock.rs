@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{outcomes, wait_for, ChildWorker, RecordingApp, TestEnv};
+use common::{release_and_expect, wait_for, ChildWorker, RecordingApp, TestEnv};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -162,11 +162,7 @@ async fn a_worker_ten_minutes_ahead_takes_no_job_from_a_live_worker() {
         0,
         "a live worker was declared dead"
     );
-    app.release();
-    assert!(env.wait_count("completed", 3, 10).await);
-    for id in &ids {
-        assert_eq!(outcomes(&env.store, id).await, vec!["completed"], "{id}");
-    }
+    release_and_expect(&env, &app, &ids, &["completed"]).await;
 }
 
 /// A worker ten minutes behind is the only one left when a worker is killed: by its own
@@ -197,15 +193,7 @@ async fn a_worker_and_a_producer_ten_minutes_behind_still_reap_the_dead_and_wait
         .max()
         .unwrap();
     println!("a worker ten minutes behind recovered a dead worker's jobs {took:?} after the kill (dead_after 4s)");
-    app.release();
-    assert!(env.wait_count("completed", 3, 10).await);
-    for id in &ids {
-        assert_eq!(
-            outcomes(&env.store, id).await,
-            vec!["owner_dead", "completed"],
-            "{id}"
-        );
-    }
+    release_and_expect(&env, &app, &ids, &["owner_dead", "completed"]).await;
 
     // A producer whose clock runs behind enqueues a delayed job.
     let sent = Instant::now();

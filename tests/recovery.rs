@@ -6,7 +6,9 @@
 mod common;
 
 use common::evidence::assert_jobs_kept_after_reconciliation;
-use common::{completions, outcomes, stat, wait_for, ChildWorker, RecordingApp, TestEnv};
+use common::{
+    completions, outcomes, release_and_expect, stat, wait_for, ChildWorker, RecordingApp, TestEnv,
+};
 use jobwarden::handler::{from_fn, JobError, Progress};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -63,16 +65,10 @@ async fn a_worker_killed_and_restarted_under_the_same_hostname_gets_its_jobs_bac
         .max()
         .unwrap();
     println!("restart with the same hostname: all 5 jobs running again {took:?} after the new process started");
-    app.release();
-    assert!(env.wait_count("completed", 5, 10).await);
+    // Taken back by start-up reconciliation (dead_after is the 15 s default here, so the
+    // reaper cannot have done it), and the crash cost an attempt.
+    release_and_expect(&env, &app, &ids, &["restarted", "completed"]).await;
     for id in &ids {
-        // Taken back by start-up reconciliation (dead_after is the 15 s default here, so
-        // the reaper cannot have done it), and the crash cost an attempt.
-        assert_eq!(
-            outcomes(&env.store, id).await,
-            vec!["restarted", "completed"],
-            "{id}"
-        );
         assert_eq!(env.store.job_get(id).await.unwrap().unwrap().attempts, 2);
     }
 }
@@ -132,15 +128,7 @@ async fn a_worker_killed_for_good_has_its_jobs_run_elsewhere_with_default_settin
         assert!(starts[0].worker.starts_with("pod-a-"), "{starts:?}");
         assert!(starts[1].worker.starts_with("pod-b-"), "{starts:?}");
     }
-    app.release();
-    assert!(env.wait_count("completed", 4, 10).await);
-    for id in &ids {
-        assert_eq!(
-            outcomes(&env.store, id).await,
-            vec!["owner_dead", "completed"],
-            "{id}"
-        );
-    }
+    release_and_expect(&env, &app, &ids, &["owner_dead", "completed"]).await;
 }
 
 #[tokio::test]
@@ -910,13 +898,5 @@ async fn a_worker_starting_under_another_host_name_leaves_a_killed_workers_jobs_
              by its heartbeat ({DEAD_AFTER:?}): another host's start-up took it"
         );
     }
-    app.release();
-    assert!(env.wait_count("completed", 3, 10).await);
-    for id in &ids {
-        assert_eq!(
-            outcomes(&env.store, id).await,
-            vec!["owner_dead", "completed"],
-            "{id}"
-        );
-    }
+    release_and_expect(&env, &app, &ids, &["owner_dead", "completed"]).await;
 }

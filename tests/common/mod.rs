@@ -469,6 +469,26 @@ impl Drop for ChildWorker {
     }
 }
 
+/// Releases every job `app` holds, waits until the jobs `ids` have completed, and checks that
+/// each ended with the attempt history `history` (e.g. `["owner_dead", "completed"]`).
+pub async fn release_and_expect(
+    env: &TestEnv,
+    app: &RecordingApp,
+    ids: &[String],
+    history: &[&str],
+) {
+    app.release();
+    assert!(
+        env.wait_count("completed", ids.len() as i64, 10).await,
+        "the released jobs did not complete: {} of {}",
+        env.count("completed").await,
+        ids.len()
+    );
+    for id in ids {
+        assert_eq!(outcomes(&env.store, id).await, history, "{id}");
+    }
+}
+
 /// One start of a job seen by [`RecordingApp`].
 #[derive(Debug, Clone)]
 pub struct Start {
