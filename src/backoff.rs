@@ -345,4 +345,64 @@ mod tests {
             Settlement::Release
         );
     }
+
+    #[test]
+    fn a_queues_backoff_is_refused_outside_its_rules_and_accepted_at_their_edges() {
+        let longest = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+        let ok = |kind, base: Duration, max: Duration, jitter| {
+            Backoff {
+                kind,
+                base,
+                max,
+                jitter,
+            }
+            .validate()
+        };
+        let s = Duration::from_secs;
+        assert_eq!(Backoff::default().validate(), Ok(()));
+        // A zero base only makes sense for a fixed backoff.
+        assert_eq!(ok(BackoffKind::Fixed, s(0), s(1), 0.0), Ok(()));
+        for kind in [BackoffKind::Linear, BackoffKind::Exponential] {
+            let e = ok(kind, s(0), s(1), 0.0).unwrap_err();
+            assert!(e.contains("base must be above zero"), "{e}");
+        }
+        // Jitter is a fraction from 0 to 1, both ends included.
+        assert_eq!(ok(BackoffKind::Fixed, s(1), s(1), 0.0), Ok(()));
+        assert_eq!(ok(BackoffKind::Fixed, s(1), s(1), 1.0), Ok(()));
+        for jitter in [-0.1, 1.1, f64::NAN] {
+            let e = ok(BackoffKind::Fixed, s(1), s(1), jitter).unwrap_err();
+            assert!(e.contains("must be between 0 and 1"), "{jitter}: {e}");
+        }
+        // Neither base nor max past the longest delay; exactly it is allowed.
+        assert_eq!(ok(BackoffKind::Fixed, longest, longest, 0.0), Ok(()));
+        let past = longest + Duration::from_millis(1);
+        for (base, max) in [(s(1), past), (past, past)] {
+            let e = ok(BackoffKind::Fixed, base, max, 0.0).unwrap_err();
+            assert!(
+                e.contains("must be at most 3650 days"),
+                "{base:?} {max:?}: {e}"
+            );
+        }
+        // max at least base.
+        assert_eq!(ok(BackoffKind::Linear, s(5), s(5), 0.0), Ok(()));
+        assert_eq!(ok(BackoffKind::Linear, s(5), s(6), 0.0), Ok(()));
+        let e = ok(BackoffKind::Linear, s(5), s(4), 0.0).unwrap_err();
+        assert!(e.contains("must not be below base"), "{e}");
+    }
+
+    #[test]
+    fn a_jitter_that_is_not_a_positive_fraction_leaves_the_delay_as_it_is() {
+        // Rows stored before the contract checked jitter may hold anything.
+        for jitter in [f64::NAN, -0.5, 0.0] {
+            let mut e = b(BackoffKind::Fixed, 10);
+            e.jitter = jitter;
+            for unit in [0.0, 0.25, 0.999] {
+                assert_eq!(
+                    e.delay_jittered(1, unit),
+                    Duration::from_secs(10),
+                    "jitter {jitter}, unit {unit}"
+                );
+            }
+        }
+    }
 }

@@ -1387,4 +1387,286 @@ mod tests {
             assert!(!is_verbatim(key), "{key}");
         }
     }
+
+    /// The errors of `OK` changed by `edit` (none when it is valid).
+    fn errors_after(edit: impl FnOnce(&mut Config)) -> Vec<String> {
+        let mut c = Config::from_toml(OK).unwrap();
+        edit(&mut c);
+        c.validate().err().map(|e| e.0).unwrap_or_default()
+    }
+
+    #[track_caller]
+    fn accepted(edit: impl FnOnce(&mut Config)) {
+        let errs = errors_after(edit);
+        assert!(errs.is_empty(), "refused: {errs:?}");
+    }
+
+    /// Refused with exactly one error, which says `what`.
+    #[track_caller]
+    fn refused(edit: impl FnOnce(&mut Config), what: &str) {
+        let errs = errors_after(edit);
+        assert!(
+            errs.len() == 1 && errs[0].contains(what),
+            "expected one error saying {what:?}: {errs:?}"
+        );
+    }
+
+    #[test]
+    fn each_worker_and_connection_rule_holds_at_its_edge() {
+        let ms = Duration::from_millis;
+        // Invariant 5, per queue too: ack_wait above stale_after + sweep_every.
+        let edge = DEFAULT_ACK_WAIT - DEFAULT_SWEEP_EVERY;
+        accepted(|c| email(c).stale_after = Some(edge - ms(1)));
+        refused(
+            |c| email(c).stale_after = Some(edge),
+            "queues.email.stale_after (9m 30s)",
+        );
+        // A live worker that misses one beat is not declared dead.
+        accepted(|c| c.worker.dead_after = c.worker.heartbeat_every * 2);
+        refused(
+            |c| c.worker.dead_after = c.worker.heartbeat_every * 2 - ms(1),
+            "worker.dead_after (9s 999ms) must be at least twice",
+        );
+        // A beat below stale_after, and above zero.
+        accepted(|c| {
+            c.worker.heartbeat_every = c.worker.stale_after - ms(1);
+            c.worker.dead_after = c.worker.stale_after * 2;
+        });
+        refused(
+            |c| {
+                c.worker.heartbeat_every = c.worker.stale_after;
+                c.worker.dead_after = c.worker.stale_after * 2;
+            },
+            "worker.heartbeat_every (5m) must be above zero and below",
+        );
+        refused(
+            |c| c.worker.heartbeat_every = Duration::ZERO,
+            "worker.heartbeat_every (0s)",
+        );
+        accepted(|c| c.worker.adopt_after = ms(100));
+        refused(
+            |c| c.worker.adopt_after = ms(99),
+            "worker.adopt_after (99ms)",
+        );
+        refused(
+            |c| c.worker.unserved_grace = Duration::ZERO,
+            "worker.unserved_grace (0s) above zero",
+        );
+        // The largest message allowed can be fetched.
+        accepted(|c| c.worker.pull_max_bytes = c.worker.max_payload_bytes);
+        refused(
+            |c| c.worker.pull_max_bytes = c.worker.max_payload_bytes - 1,
+            "worker.pull_max_bytes (1048575) must be at least",
+        );
+        for n in [1, 10_000] {
+            accepted(|c| c.worker.claim_batch = n);
+        }
+        for n in [0, 10_001] {
+            refused(|c| c.worker.claim_batch = n, "worker.claim_batch");
+        }
+        accepted(|c| c.worker.max_payload_bytes = 64);
+        refused(
+            |c| c.worker.max_payload_bytes = 63,
+            "worker.max_payload_bytes (63) must be at least 64",
+        );
+        accepted(|c| c.worker.hostname = Some("pod-1".into()));
+        for h in ["", "pod 1"] {
+            refused(|c| c.worker.hostname = Some(h.into()), "worker.hostname");
+        }
+        accepted(|c| c.worker.ops_listen = "off".into());
+        refused(
+            |c| c.worker.ops_listen = "on".into(),
+            "worker.ops_listen \"on\"",
+        );
+        // The database: a URL of either scheme or a libpq key=value string.
+        for url in [
+            "postgres://app@db:5432/x",
+            "postgresql://app@db:5432/x",
+            "host=db user=app dbname=x",
+        ] {
+            accepted(|c| c.database.url = url.into());
+        }
+        let errs = errors_after(|c| c.database.url = "mysql://app@db/x".into());
+        assert!(
+            errs.iter().any(|e| e.contains("is not a PostgreSQL URL")),
+            "{errs:?}"
+        );
+        let (longest, too_long) = ("s".repeat(63), "s".repeat(64));
+        for schema in ["jobwarden_2", "_x", longest.as_str()] {
+            accepted(|c| c.database.schema = schema.into());
+        }
+        for schema in ["job-warden", "Jobwarden", "2jobs", "", too_long.as_str()] {
+            refused(|c| c.database.schema = schema.into(), "database.schema");
+        }
+        accepted(|c| c.database.pool_size = 2);
+        refused(
+            |c| c.database.pool_size = 1,
+            "database.pool_size (1) must be at least 2",
+        );
+        // NATS: its URL schemes, one way to authenticate, names the server accepts.
+        accepted(|c| c.nats.url = "tls://nats:4222".into());
+        refused(
+            |c| c.nats.url = "http://nats:4222".into(),
+            "must start with nats:// or tls://",
+        );
+        accepted(|c| c.nats.token = Some("t".into()));
+        accepted(|c| {
+            c.nats.user = Some("u".into());
+            c.nats.password = Some("p".into());
+        });
+        refused(
+            |c| {
+                c.nats.credentials_file = Some("a.creds".into());
+                c.nats.nkey_seed_file = Some("a.nk".into());
+                c.nats.token = Some("t".into());
+            },
+            "nats: credentials_file, nkey_seed_file, token are all set",
+        );
+        // A password alone already means "user and password".
+        let errs = errors_after(|c| {
+            c.nats.token = Some("t".into());
+            c.nats.password = Some("p".into());
+        });
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("nats: token, user are all set")),
+            "{errs:?}"
+        );
+        accepted(|c| c.nats.stream = "JOBS_2-a".into());
+        for stream in ["", "JOBS.2", "JOBS 2"] {
+            refused(|c| c.nats.stream = stream.into(), "nats.stream");
+        }
+        accepted(|c| c.nats.subject_prefix = "app.jobs".into());
+        for prefix in ["", "jobs.", "jobs.*", "jobs.>", "my jobs"] {
+            refused(
+                |c| c.nats.subject_prefix = prefix.into(),
+                "must be a plain subject",
+            );
+        }
+        accepted(|c| c.nats.duplicate_window = Duration::from_secs(1));
+        refused(
+            |c| c.nats.duplicate_window = ms(999),
+            "nats.duplicate_window (999ms) must be at least 1s",
+        );
+    }
+
+    fn email(c: &mut Config) -> &mut QueueConfig {
+        c.queues.get_mut("email").unwrap()
+    }
+
+    #[test]
+    fn each_queue_rule_holds_at_its_edge() {
+        for n in [1, 1_000_000] {
+            accepted(|c| email(c).global_concurrency = Some(n));
+        }
+        refused(
+            |c| email(c).global_concurrency = Some(1_000_001),
+            "queues.email.global_concurrency (1000001) must be at most 1000000",
+        );
+        for n in [0, 2, 1000] {
+            accepted(|c| email(c).fair_every = n);
+        }
+        for n in [1, 1001] {
+            refused(|c| email(c).fair_every = n, "queues.email.fair_every");
+        }
+        for n in [1, 10_000] {
+            accepted(|c| email(c).concurrency = n);
+        }
+        refused(
+            |c| email(c).concurrency = 10_001,
+            "queues.email.concurrency (10001) must be from 1 to 10000",
+        );
+        for n in [1, 1000] {
+            accepted(|c| email(c).max_attempts = n);
+        }
+        refused(
+            |c| email(c).max_attempts = 1001,
+            "queues.email.max_attempts (1001) must be from 1 to 1000",
+        );
+        accepted(|c| email(c).rate_limit = Some("1000000/7d".into()));
+        refused(
+            |c| email(c).rate_limit = Some("10/50ms".into()),
+            "queues.email.rate_limit \"10/50ms\" must have a window from 100ms to 7d",
+        );
+        refused(
+            |c| email(c).backoff.jitter = 2.0,
+            "queues.email.backoff: jitter (2) must be between 0 and 1",
+        );
+    }
+
+    #[test]
+    fn rate_limits_are_bounded_in_starts_and_window_both_ends_included() {
+        let s = Duration::from_secs;
+        let week = s(7 * 24 * 3600);
+        assert_eq!(
+            parse_rate_limit("1/100ms"),
+            Ok((1, Duration::from_millis(100)))
+        );
+        assert_eq!(parse_rate_limit("1000000/7d"), Ok((1_000_000, week)));
+        for (text, why) in [
+            ("1000001/1s", "must allow from 1 to 1000000 starts"),
+            ("1/99ms", "must have a window from 100ms to 7d"),
+            ("1/7d 1s", "must have a window from 100ms to 7d"),
+        ] {
+            let e = parse_rate_limit(text).unwrap_err();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_pod_whose_termination_grace_cannot_fit_a_drain_is_warned_about() {
+        let c = Config::from_toml(OK).unwrap();
+        // shutdown_grace (30s) + DRAIN_OVERHEAD (30s).
+        assert_eq!(c.termination_grace_warning(Duration::from_secs(60)), None);
+        let w = c
+            .termination_grace_warning(Duration::from_secs(59))
+            .expect("59 s cannot fit a drain");
+        assert!(
+            w.contains("terminationGracePeriodSeconds (59) is shorter than a drain may take")
+                && w.contains("raise terminationGracePeriodSeconds to at least 60"),
+            "{w}"
+        );
+        // The pod passes its period in an environment variable (no other test reads it).
+        std::env::remove_var(TERMINATION_GRACE_ENV);
+        assert_eq!(c.termination_grace_warning_from_env(), None, "not given");
+        std::env::set_var(TERMINATION_GRACE_ENV, " 60 ");
+        assert_eq!(c.termination_grace_warning_from_env(), None);
+        std::env::set_var(TERMINATION_GRACE_ENV, "59");
+        let from_env = c.termination_grace_warning_from_env();
+        std::env::set_var(TERMINATION_GRACE_ENV, "2m");
+        let unreadable = c.termination_grace_warning_from_env();
+        std::env::remove_var(TERMINATION_GRACE_ENV);
+        assert_eq!(from_env, Some(w));
+        let unreadable = unreadable.expect("an unreadable period is said");
+        assert!(
+            unreadable.contains("=\"2m\" is not a whole number of seconds"),
+            "{unreadable}"
+        );
+    }
+
+    #[test]
+    fn the_example_file_shows_every_default_of_the_connections_and_the_worker() {
+        // examples/jobwarden.toml: "every section and setting, with its default".
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/jobwarden.toml"
+        ))
+        .unwrap();
+        let example = Config::from_toml(&text).unwrap();
+        let defaults = Config::default();
+        let json = |v: Result<serde_json::Value, _>| v.unwrap();
+        use serde_json::to_value;
+        assert_eq!(
+            json(to_value(&example.database)),
+            json(to_value(&defaults.database))
+        );
+        assert_eq!(
+            json(to_value(&example.nats)),
+            json(to_value(&defaults.nats))
+        );
+        assert_eq!(
+            json(to_value(&example.worker)),
+            json(to_value(&defaults.worker))
+        );
+    }
 }

@@ -1332,4 +1332,167 @@ mod tests {
         assert!(!sql.contains("{{"));
         assert!(sql.contains(&format!("{MAX_ID_BYTES}")));
     }
+
+    #[test]
+    fn each_door_has_the_name_job_check_knows_it_by() {
+        let doors = [Door::Message, Door::Then, Door::Enqueue];
+        assert_eq!(doors.map(Door::as_str), ["message", "then", "enqueue"]);
+        assert_eq!(doors.map(|d| d.to_string()), ["message", "then", "enqueue"]);
+        // The SQL function picks each door's field list by that name (enqueue: the rest).
+        let sql = include_str!("../migrations/V14__one_contract.sql");
+        for door in [Door::Message, Door::Then] {
+            assert!(
+                sql.contains(&format!("WHEN '{door}' THEN ARRAY[")),
+                "{door}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_character_is_quoted_when_printable_and_named_by_code_point_when_not() {
+        let e = check_id("a#b").unwrap_err();
+        assert!(e.contains("contains '#';"), "{e}");
+        let e = check_id("a b").unwrap_err();
+        assert!(e.contains("contains U+0020;"), "{e}");
+        let e = check_key("a\u{200B}b").unwrap_err();
+        assert!(e.contains("contains U+200B;"), "{e}");
+    }
+
+    #[test]
+    fn queue_names_and_keys_are_bounded_in_length_both_ends_included() {
+        assert_eq!(check_queue("e_mail-2"), Ok(()));
+        assert_eq!(check_queue(&"q".repeat(MAX_QUEUE_BYTES)), Ok(()));
+        for bad in [String::new(), "q".repeat(MAX_QUEUE_BYTES + 1)] {
+            let e = check_queue(&bad).unwrap_err();
+            assert!(e.contains("must be 1 to 64 ASCII letters"), "{bad:?}: {e}");
+        }
+        assert_eq!(check_key(&"k".repeat(MAX_KEY_BYTES)), Ok(()));
+        for (bad, len) in [(String::new(), 0), ("k".repeat(MAX_KEY_BYTES + 1), 201)] {
+            let e = check_key(&bad).unwrap_err();
+            assert!(
+                e.contains(&format!("is {len} bytes long; a key is 1 to 200 bytes")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_traceparent_with_an_all_zero_parent_id_is_dropped() {
+        let zero_span = "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01";
+        assert_eq!(traceparent(zero_span), None);
+        let no_zero_digit = "00-1af7651916cd43dd8448eb211c81319c-b7ad6b7169243331-01";
+        assert_eq!(traceparent(no_zero_digit), Some(no_zero_digit));
+    }
+
+    #[test]
+    fn durations_are_bounded_in_length_and_digits_and_a_unit_ends_at_a_point() {
+        let padded = format!("1s{}", " ".repeat(MAX_DURATION_TEXT - 2));
+        assert_eq!(parse_duration_ns(&padded), Ok(1_000_000_000));
+        let e = parse_duration_ns(&format!("{padded} ")).unwrap_err();
+        assert!(e.starts_with("is 65 bytes long"), "{e}");
+        let twenty = "9".repeat(MAX_DURATION_DIGITS);
+        assert_eq!(
+            parse_duration_ns(&format!("{twenty}ns")),
+            Ok(twenty.parse().unwrap())
+        );
+        assert_eq!(parse_duration_ns("1.123456789s"), Ok(1_123_456_789));
+        for bad in [format!("9{twenty}ns"), "1.1234567891s".to_string()] {
+            let e = parse_duration_ns(&bad).unwrap_err();
+            assert!(
+                e.contains("has a number with too many digits"),
+                "{bad}: {e}"
+            );
+        }
+        // A number with no unit at the very end, and a unit followed by a point.
+        let e = parse_duration_ns("1.5").unwrap_err();
+        assert!(e.contains("unknown unit \"\""), "{e}");
+        let e = parse_duration_ns("1h.5m").unwrap_err();
+        assert!(e.contains("is not a duration: expected a number"), "{e}");
+    }
+
+    #[test]
+    fn only_a_fixed_backoff_may_start_at_zero() {
+        let fixed = check_backoff(&json!({"kind": "fixed", "base": "0s"}), "backoff").unwrap();
+        assert_eq!(fixed.base, std::time::Duration::ZERO);
+        for kind in ["linear", "exponential"] {
+            let e = check_backoff(&json!({"kind": kind, "base": "0s"}), "backoff").unwrap_err();
+            assert_eq!(e.field(), "backoff.base", "{e}");
+        }
+    }
+
+    #[test]
+    fn a_payload_of_exactly_the_limit_is_accepted() {
+        let payload = json!({"a": "xx"}); // 10 bytes as JSON
+        assert_eq!(check_payload(&payload, "payload", Some(10)), Ok(()));
+        let e = check_payload(&payload, "payload", Some(9)).unwrap_err();
+        assert!(
+            e.to_string().contains("is 10 bytes, over the limit of 9"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn depends_on_and_then_depth_are_bounded_both_ends_included() {
+        let parents = |n: usize| (0..n).map(|i| format!("p{i}")).collect::<Vec<_>>();
+        let ok = spec(
+            json!({"queue": "a", "payload": {}, "depends_on": parents(MAX_DEPENDS_ON)}),
+            Door::Enqueue,
+        )
+        .unwrap();
+        assert_eq!(ok.depends_on.len(), MAX_DEPENDS_ON);
+        let e = spec(
+            json!({"queue": "a", "payload": {}, "depends_on": parents(MAX_DEPENDS_ON + 1)}),
+            Door::Enqueue,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("names 101 jobs"), "{e}");
+        // MAX_THEN_DEPTH levels of then below a message: allowed.
+        let mut deep = json!({"queue": "q", "payload": {}});
+        for _ in 1..MAX_THEN_DEPTH {
+            deep = json!({"queue": "q", "payload": {}, "then": [deep]});
+        }
+        assert!(spec(json!({"payload": {}, "then": [deep]}), Door::Message).is_ok());
+    }
+
+    #[test]
+    fn a_then_job_is_kept_with_the_fields_it_was_given_only() {
+        // `then` jobs are stored as values and checked again at the `then` door, which
+        // takes no depends_on: an empty one must not be added.
+        let top = spec(
+            json!({"payload": {}, "then": [{"queue": "q", "payload": {"n": 1}, "priority": 2}]}),
+            Door::Message,
+        )
+        .unwrap();
+        assert_eq!(
+            top.then,
+            Some(json!([{"queue": "q", "payload": {"n": 1}, "priority": 2}]))
+        );
+        let waiting = Spec {
+            depends_on: vec!["p1".into()],
+            ..Spec::default()
+        };
+        assert_eq!(waiting.to_value()["depends_on"], json!(["p1"]));
+    }
+
+    #[test]
+    fn the_forbidden_tables_are_written_as_postgres_bracket_escapes() {
+        // NUL cannot be in a text, so a range from it starts at U+0001; code points past
+        // U+FFFF take the eight-digit form.
+        let table = [('\u{0}', '\u{1F}'), ('#', '#'), ('\u{E0001}', '\u{E007F}')];
+        assert_eq!(
+            sql_class(&table),
+            "\\u0001-\\u001f\\u0023\\U000e0001-\\U000e007f"
+        );
+        let rendered = render_sql("[{{ID_FORBIDDEN}}] [{{KEY_FORBIDDEN}}]");
+        assert!(
+            rendered.starts_with("[\\u0001-\\u0020\\u0023\\u002f\\u003f"),
+            "{rendered}"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown placeholder {{MAX_NOTHING}} in a SQL template")]
+    fn an_unknown_placeholder_is_named_in_full() {
+        render_sql("SELECT {{MAX_ID_BYTES}}, {{MAX_NOTHING}} + 1");
+    }
 }

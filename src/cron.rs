@@ -348,4 +348,50 @@ mod tests {
         let at = Utc.with_ymd_and_hms(2026, 1, 10, 2, 0, 0).unwrap();
         assert_eq!(fire_id("nightly", at), "cron:nightly:2026-01-10T02:00:00Z");
     }
+
+    #[test]
+    fn a_schedule_without_time_zone_or_priority_fires_in_utc_at_the_default_priority() {
+        let c: CronConfig =
+            toml::from_str("schedule = \"0 3 * * *\"\nqueue = \"reports\"").unwrap();
+        assert_eq!(c.timezone, "UTC");
+        assert_eq!(c.priority, crate::job::DEFAULT_PRIORITY);
+        assert_eq!(c.payload, serde_json::json!({}));
+        assert_eq!(c.missed, Missed::Skip);
+        let s = Schedule::new("nightly", &c).unwrap();
+        let from = Utc.with_ymd_and_hms(2026, 7, 10, 0, 0, 0).unwrap();
+        assert_eq!(
+            s.next_fires(from, 1),
+            vec![Utc.with_ymd_and_hms(2026, 7, 10, 3, 0, 0).unwrap()]
+        );
+    }
+
+    #[test]
+    fn fires_between_two_instants_stop_at_the_limit() {
+        let every2 = Schedule::new("tick", &cfg("*/2 * * * * *", "UTC")).unwrap();
+        let from = Utc.with_ymd_and_hms(2026, 1, 10, 0, 0, 0).unwrap();
+        let upto = from + chrono::Duration::seconds(60);
+        assert_eq!(every2.fires_between(from, upto, 2).len(), 2);
+        assert!(every2.fires_between(from, upto, 0).is_empty());
+        assert_eq!(every2.fires_between(from, upto, 1000).len(), 30);
+    }
+
+    #[test]
+    fn the_last_fire_enqueued_is_never_enqueued_again_whatever_the_policy() {
+        // `last` is the newest fire a tick looked at; a tick that comes exactly when it
+        // is MISSED_AFTER old, or later, must not hand it out a second time.
+        let now = Utc.with_ymd_and_hms(2026, 1, 10, 12, 0, 0).unwrap();
+        let s = |n| now - chrono::Duration::seconds(n);
+        for missed in [Missed::Skip, Missed::RunOnce] {
+            let mut c = cfg("*/10 * * * * *", "UTC");
+            c.missed = missed;
+            let every10 = Schedule::new("t", &c).unwrap();
+            // `last` exactly at the cutoff: everything after it is on time.
+            let d = every10.due(s(30), now, 1000);
+            assert_eq!(d.fires, vec![s(20), s(10), now], "{missed:?}");
+            // `last` the latest fire before the cutoff: nothing was missed.
+            let d = every10.due(s(40), now, 1000);
+            assert_eq!(d.fires, vec![s(30), s(20), s(10), now], "{missed:?}");
+            assert_eq!(d.newest, Some(now));
+        }
+    }
 }

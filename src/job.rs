@@ -469,6 +469,10 @@ mod tests {
                 limit: 10
             }
         ));
+        assert!(
+            decode(br#"{"a":"0123456789"}"#, &origin(), 18).is_ok(),
+            "a body of exactly the limit is accepted"
+        );
         let e = decode(br#"{"a":"nul\u0000here"}"#, &origin(), 1024).unwrap_err();
         assert!(e.to_string().contains("NUL"), "{e}");
         let e = decode(
@@ -515,7 +519,44 @@ mod tests {
         assert!(!Queued.can_become(Completed));
         for s in JobStatus::ALL {
             assert_eq!(JobStatus::parse(s.as_str()), Some(s));
+            assert_eq!(s.to_string(), s.as_str(), "written as SQL names it");
             assert_eq!(s.is_terminal(), matches!(s, Completed | Dead | Cancelled));
         }
+    }
+
+    #[test]
+    fn a_nats_msg_id_names_the_job_only_when_it_is_a_valid_job_id() {
+        let with = |msg_id| MessageOrigin {
+            msg_id: Some(msg_id),
+            ..origin()
+        };
+        assert_eq!(derived_id(&with("order-42")), "order-42");
+        // Not an id the contract accepts (a space, a slash, too long): the message's own.
+        let long = "x".repeat(MAX_ID_LEN + 1);
+        for bad in ["order 42", "a/b", long.as_str()] {
+            assert_eq!(derived_id(&with(bad)), message_id(&origin()), "{bad:?}");
+        }
+        assert_eq!(derived_id(&origin()), "JOBS-42-1763828428160350775");
+    }
+
+    #[test]
+    fn a_jobs_timeout_and_backoff_are_stored_as_their_columns_hold_them() {
+        let mut job = NewJob::plain("j".into(), "q".into(), json!({}));
+        assert_eq!((job.timeout_ms(), job.backoff_json()), (None, None));
+        job.timeout = Some(Duration::from_millis(1500));
+        assert_eq!(job.timeout_ms(), Some(1500));
+        // An int4 holds at most i32::MAX ms (24.8 days): a longer timeout is clamped to it.
+        job.timeout = Some(Duration::from_secs(30 * 86_400));
+        assert_eq!(job.timeout_ms(), Some(i32::MAX));
+        job.backoff = Some(crate::backoff::Backoff {
+            kind: crate::backoff::BackoffKind::Linear,
+            base: Duration::from_secs(2),
+            max: Duration::from_secs(60),
+            jitter: 0.25,
+        });
+        assert_eq!(
+            job.backoff_json(),
+            Some(json!({"kind": "linear", "base": "2s", "max": "1m", "jitter": 0.25}))
+        );
     }
 }

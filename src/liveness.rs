@@ -292,4 +292,59 @@ mod tests {
         assert!(!tight.must_fence(Duration::from_millis(1200)));
         assert_eq!(tight.retry_every(), Duration::from_millis(250));
     }
+
+    #[test]
+    fn this_machines_boot_id_and_pid_namespace_are_read_from_the_kernel() {
+        // The identity start-up reconciliation compares: a boot id is a UUID (read without
+        // its newline), a pid namespace is named like "pid:[4026531836]".
+        let boot = boot_id().expect("Linux has /proc/sys/kernel/random/boot_id");
+        let groups: Vec<usize> = boot.split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12], "{boot:?}");
+        assert!(
+            boot.chars().all(|c| c == '-' || c.is_ascii_hexdigit()),
+            "{boot:?}"
+        );
+        assert_eq!(
+            boot_id().as_deref(),
+            Some(boot.as_str()),
+            "the same on every read"
+        );
+        let ns = pid_namespace().expect("Linux has /proc/self/ns/pid");
+        let inode = ns
+            .strip_prefix("pid:[")
+            .and_then(|n| n.strip_suffix(']'))
+            .unwrap_or_else(|| panic!("{ns:?}"));
+        assert!(inode.parse::<u64>().is_ok(), "{ns:?}");
+    }
+
+    #[test]
+    fn the_process_table_tells_a_running_child_its_zombie_and_its_absence_apart() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mine = proc_start(std::process::id() as i32).unwrap();
+        let running = proc_state(pid).expect("the child runs");
+        assert!(!running.exited);
+        assert!(
+            running.start >= mine,
+            "started after us: {running:?} vs {mine}"
+        );
+        // Killed and not reaped yet: a zombie, with the same start time.
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !proc_state(pid).is_some_and(|p| p.exited) {
+            assert!(std::time::Instant::now() < deadline, "never seen exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(proc_start(pid), Some(running.start));
+        child.wait().unwrap();
+        // Reaped: no process with that pid and start time (the pid may be reused already).
+        assert!(
+            proc_state(pid).is_none_or(|p| p.start != running.start),
+            "still there after it was reaped"
+        );
+        assert_eq!(proc_start(i32::MAX), None, "beyond any pid_max");
+    }
 }

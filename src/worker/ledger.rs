@@ -223,8 +223,18 @@ mod tests {
     /// A policy and an acker for ledger entries (the acker's client never connects: nothing
     /// here acks).
     async fn parts() -> (Arc<QueuePolicy>, Arc<Acker>) {
-        let policy = Arc::new(QueuePolicy {
-            name: "q".into(),
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("nats://127.0.0.1:1")
+            .await
+            .unwrap();
+        let acker = Arc::new(Acker::new(async_nats::jetstream::new(client), None));
+        (policy("q"), acker)
+    }
+
+    fn policy(name: &str) -> Arc<QueuePolicy> {
+        Arc::new(QueuePolicy {
+            name: name.into(),
             concurrency: 1,
             timeout: Duration::from_secs(1),
             max_attempts: 1,
@@ -234,15 +244,8 @@ mod tests {
             global_cap: None,
             rate: None,
             handler: from_fn(|_| async { Ok(None) }),
-            metrics: crate::worker::metrics::Metrics::new().queue("q"),
-        });
-        let client = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect("nats://127.0.0.1:1")
-            .await
-            .unwrap();
-        let acker = Arc::new(Acker::new(async_nats::jetstream::new(client), None));
-        (policy, acker)
+            metrics: crate::worker::metrics::Metrics::new().queue(name),
+        })
     }
 
     #[tokio::test]
@@ -295,5 +298,77 @@ mod tests {
             .expect("wait_empty returns once the last attempt is settled")
             .unwrap();
         assert!(ledger.is_empty());
+    }
+
+    fn control() -> Arc<AttemptControl> {
+        Arc::new(AttemptControl::new(Duration::from_secs(1)))
+    }
+
+    /// A ledger holding one attempt of each kind: `claimed` (queue q), `running` (queue r),
+    /// `finished` (queue q), each under lease 1.
+    async fn three_attempts() -> (Ledger, [Arc<AttemptControl>; 3]) {
+        let (q, acker) = parts().await;
+        let r = policy("r");
+        let ledger = Ledger::default();
+        let controls = [control(), control(), control()];
+        let [claimed, running, finished] = &controls;
+        ledger.claimed("claimed", 1, q.clone(), acker.clone(), claimed.clone());
+        ledger.claimed("running", 1, r, acker.clone(), running.clone());
+        ledger.started("running", 1);
+        ledger.claimed("finished", 1, q, acker, finished.clone());
+        ledger.started("finished", 1);
+        ledger.finished("finished", 1);
+        (ledger, controls)
+    }
+
+    #[tokio::test]
+    async fn a_lost_attempt_is_stopped_only_while_its_handler_may_still_run() {
+        let (ledger, [claimed, running, finished]) = three_attempts().await;
+        assert_eq!(ledger.len(), 3);
+        assert_eq!(
+            ledger.unfinished(),
+            2,
+            "the finished one's handler has ended"
+        );
+        // Another lease, an unknown job, an attempt whose outcome is with the completer:
+        // nothing runs to be stopped.
+        assert!(!ledger.lost("running", 2));
+        assert!(!ledger.lost("nobody", 1));
+        assert!(!ledger.lost("finished", 1));
+        assert_eq!(running.stopped(), None);
+        assert_eq!(finished.stopped(), None);
+        assert!(ledger.lost("running", 1));
+        assert_eq!(running.stopped(), Some(Stop::Lost));
+        // Claimed and not started yet: stopped before it starts.
+        assert!(ledger.lost("claimed", 1));
+        assert_eq!(claimed.stopped(), Some(Stop::Lost));
+        assert_eq!(
+            ledger.len(),
+            3,
+            "lost attempts stay owned until their executors end"
+        );
+    }
+
+    #[tokio::test]
+    async fn stop_all_stops_every_attempt_whose_handler_may_still_run_and_counts_them() {
+        let (ledger, [claimed, running, finished]) = three_attempts().await;
+        let by_queue = |pairs: &[(&str, usize)]| {
+            pairs
+                .iter()
+                .map(|(q, n)| (q.to_string(), *n))
+                .collect::<HashMap<_, _>>()
+        };
+        // Held per queue, finished attempts included (not settled yet).
+        assert_eq!(ledger.in_flight_by_queue(), by_queue(&[("q", 2), ("r", 1)]));
+        assert_eq!(ledger.stop_all(Stop::Shutdown), 2);
+        assert_eq!(claimed.stopped(), Some(Stop::Shutdown));
+        assert_eq!(running.stopped(), Some(Stop::Shutdown));
+        assert_eq!(finished.stopped(), None);
+        for id in ["claimed", "running", "finished"] {
+            ledger.settled(id, 1);
+        }
+        assert_eq!(ledger.len(), 0);
+        assert_eq!(ledger.in_flight_by_queue(), by_queue(&[]));
+        assert_eq!(ledger.stop_all(Stop::Lost), 0);
     }
 }
