@@ -1626,22 +1626,62 @@ mod tests {
                 && w.contains("raise terminationGracePeriodSeconds to at least 60"),
             "{w}"
         );
-        // The pod passes its period in an environment variable (no other test reads it).
-        std::env::remove_var(TERMINATION_GRACE_ENV);
-        assert_eq!(c.termination_grace_warning_from_env(), None, "not given");
-        std::env::set_var(TERMINATION_GRACE_ENV, " 60 ");
-        assert_eq!(c.termination_grace_warning_from_env(), None);
-        std::env::set_var(TERMINATION_GRACE_ENV, "59");
-        let from_env = c.termination_grace_warning_from_env();
-        std::env::set_var(TERMINATION_GRACE_ENV, "2m");
-        let unreadable = c.termination_grace_warning_from_env();
-        std::env::remove_var(TERMINATION_GRACE_ENV);
-        assert_eq!(from_env, Some(w));
-        let unreadable = unreadable.expect("an unreadable period is said");
-        assert!(
-            unreadable.contains("=\"2m\" is not a whole number of seconds"),
-            "{unreadable}"
-        );
+    }
+
+    /// The pod gives its period in an environment variable. The environment is the whole
+    /// process's, so each case runs in a child of this test binary: this test alone, the
+    /// variable set when the child starts.
+    #[test]
+    fn the_pods_termination_grace_is_read_from_its_variable() {
+        const CASE: &str = "JOBWARDEN_TEST_GRACE_CASE";
+        let c = Config::from_toml(OK).unwrap();
+        if let Ok(case) = std::env::var(CASE) {
+            let got = c.termination_grace_warning_from_env();
+            match case.as_str() {
+                "unset" | "fits" => assert_eq!(got, None, "{case}"),
+                "short" => {
+                    let w = got.expect("59 s cannot fit a drain");
+                    assert!(
+                        w.contains("terminationGracePeriodSeconds (59) is shorter"),
+                        "{w}"
+                    );
+                }
+                _ => {
+                    let w = got.expect("an unreadable period is said");
+                    assert!(
+                        w.contains("=\"2m\" is not a whole number of seconds"),
+                        "{w}"
+                    );
+                }
+            }
+            return;
+        }
+        for (case, value) in [
+            ("unset", None),
+            ("fits", Some(" 60 ")),
+            ("short", Some("59")),
+            ("unreadable", Some("2m")),
+        ] {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+            child
+                .args([
+                    "--exact",
+                    "config::tests::the_pods_termination_grace_is_read_from_its_variable",
+                    "--test-threads=1",
+                ])
+                .env(CASE, case);
+            match value {
+                Some(v) => child.env(TERMINATION_GRACE_ENV, v),
+                None => child.env_remove(TERMINATION_GRACE_ENV),
+            };
+            let out = child.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "case {case}:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     #[test]
