@@ -9,7 +9,7 @@ mod common;
 
 use common::{wait_for, TestEnv};
 use jobwarden::handler::{from_fn, JobError};
-use prometheus_parse::{Sample, Scrape, Value};
+use prometheus_parse::{Sample, Scrape};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,27 +38,12 @@ async fn scrape(addr: std::net::SocketAddr) -> Scrape {
     assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
     let body = resp.text().await.unwrap();
     assert!(body.ends_with("# EOF\n"), "not OpenMetrics text: {body}");
-    Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
+    common::evidence::parse_metrics(&body)
 }
 
 /// The value of the sample `name` whose labels include all of `labels` (0 when absent).
 fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let found: Vec<&Sample> = s
-        .samples
-        .iter()
-        .filter(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
-        .collect();
-    assert!(
-        found.len() <= 1,
-        "{name} {labels:?} matched {}",
-        found.len()
-    );
-    match found.first().map(|x| &x.value) {
-        None => 0.0,
-        Some(Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v)) => *v,
-        Some(Value::Histogram(h)) => h.iter().map(|b| b.count).fold(0.0, f64::max),
-        Some(Value::Summary(_)) => panic!("{name} is a summary"),
-    }
+    common::evidence::metric(s, name, labels).unwrap_or(0.0)
 }
 
 /// Scrapes until `cond` holds (up to `secs`); returns whether it did and the last scrape.

@@ -47,20 +47,30 @@ pub async fn metrics_after_start(addr: SocketAddr, limit: Duration) -> Option<St
     None
 }
 
-/// The value of the sample `name{labels}` in Prometheus text (labels as written there, e.g.
-/// `reason="restarted"`), or `None` when the text has no such sample.
-pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let head = if labels.is_empty() {
-        name.to_string()
-    } else {
-        format!("{name}{{{labels}}}")
-    };
-    text.lines().find_map(|l| {
-        l.strip_prefix(&head)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
+/// Parses the text of a `/metrics` answer (OpenMetrics or Prometheus).
+pub fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("metrics text that parses")
+}
+
+/// The value of the one sample `name` whose labels include all of `labels`, or `None` when
+/// the scrape has no such sample (a histogram gives its largest bucket count).
+pub fn metric(s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    use prometheus_parse::Value;
+    let found: Vec<_> = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .collect();
+    assert!(
+        found.len() <= 1,
+        "{name} {labels:?} matched {}",
+        found.len()
+    );
+    found.first().map(|x| match &x.value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+        Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+        Value::Summary(_) => panic!("{name} is a summary"),
     })
 }
 
@@ -76,7 +86,11 @@ pub async fn assert_jobs_kept_after_reconciliation(
         let m = metrics_after_start(*addr, Duration::from_secs(20))
             .await
             .unwrap_or_else(|| panic!("the {name} worker did not finish starting within 20 s"));
-        let took = sample(&m, "jobwarden_reclaims_total", "reason=\"restarted\"");
+        let took = metric(
+            &parse_metrics(&m),
+            "jobwarden_reclaims_total",
+            &[("reason", "restarted")],
+        );
         assert_eq!(
             took,
             Some(0.0),
