@@ -900,3 +900,92 @@ async fn a_worker_starting_under_another_host_name_leaves_a_killed_workers_jobs_
     }
     release_and_expect(&env, &app, &ids, &["owner_dead", "completed"]).await;
 }
+
+/// Invariant 1 on the claim's side: a job whose claim has committed but whose answer this
+/// worker has not taken in yet (the rest of its group waits on another transaction) is this
+/// worker's. The heartbeat gives back jobs the database says it owns and that do not run
+/// here; it must not take such a claim for one, however many beats pass, or the job goes
+/// back to the queue while the claim's answer — arriving later — still runs it here.
+#[tokio::test]
+async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbeat() {
+    let env = TestEnv::new(&with_worker(
+        "heartbeat_every = \"200ms\"\ndead_after = \"10s\"\n\
+         [queues.work]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"h\" }\n",
+    ))
+    .await;
+    let runs: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    let r = runs.clone();
+    let h = from_fn(move |job| {
+        let r = r.clone();
+        async move {
+            *r.lock().unwrap().entry(job.id.clone()).or_default() += 1;
+            Ok(None)
+        }
+    });
+    // Another transaction inserts the row of `blocker` and holds it uncommitted: the claim of
+    // its message waits on it.
+    let mut locker = env.store.raw().await.unwrap();
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO jobs (id, queue, payload, status, max_attempts) \
+         VALUES ('blocker', 'work', '{}', 'queued', 3)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let me: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Both messages wait in the stream before the worker starts, so they arrive as one
+    // group: `fresh` is new (its row is inserted and committed at once), `blocker` carries
+    // an idempotency key (its row may exist: the full claim, which waits on the lock).
+    env.publish_raw("work", r#"{"id":"fresh","payload":{}}"#)
+        .await;
+    env.publish_raw(
+        "work",
+        r#"{"id":"blocker","idempotency_key":"k-blocker","payload":{}}"#,
+    )
+    .await;
+    let worker = env.worker(&[("h", h)]).await;
+    let watcher = env.store.raw().await.unwrap();
+    let blocked = wait_for(Duration::from_secs(10), || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                &[&me],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            >= 1
+    })
+    .await;
+    assert!(blocked, "the claim of `blocker` never waited on the lock");
+    assert_eq!(
+        env.status_of("fresh").await.as_deref(),
+        Some("processing"),
+        "the premise: `fresh` is claimed (committed) while its group's answer waits"
+    );
+    // Ten beats go by with the claim's answer still out.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        outcomes(&env.store, "fresh").await,
+        Vec::<String>::new(),
+        "a claim still being answered was given back while its worker was about to run it"
+    );
+    assert_eq!(env.status_of("fresh").await.as_deref(), Some("processing"));
+
+    // The lock goes: the group's answer comes in, and each job runs once, here.
+    tx.rollback().await.unwrap();
+    assert!(env.wait_status("fresh", "completed", 10).await);
+    assert!(env.wait_status("blocker", "completed", 10).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        runs.lock().unwrap().clone(),
+        BTreeMap::from([("blocker".to_string(), 1), ("fresh".to_string(), 1)])
+    );
+    assert_eq!(outcomes(&env.store, "fresh").await, vec!["completed"]);
+    worker.shutdown().await;
+}

@@ -70,7 +70,11 @@ pub(crate) async fn execute(
     // In-progress acks keep JetStream from redelivering a long job (invariant 5); they say
     // nothing about the job's health, which only progress reports refresh.
     let keepalive_every = (shared.config.nats.ack_wait / 3).max(Duration::from_millis(100));
-    let outcome = {
+    let outcome = if control.stopped().is_some() {
+        // Stopped before its handler started (taken from this worker, or released, while it
+        // waited to be spawned): it does not start at all.
+        None
+    } else {
         // A panicking handler is an attempt that failed (retried, with the panic's message),
         // not a lost job and not a failure of the worker: one job's data must not stop the
         // others (invariant 13). Panics in the executor's own code around it are the

@@ -27,9 +27,12 @@ use tracing::{error, info, warn};
 
 pub(crate) struct Heartbeat {
     shared: Arc<Shared>,
-    /// Orphans seen on the previous beat: given back when seen twice, so a job claimed
-    /// between the database read and the local snapshot is never mistaken for one.
+    /// Orphans seen on the previous beat, and the claim mark taken with them: given back
+    /// when seen again once every claim begun before that mark has been taken in, so a job
+    /// whose claim committed but whose answer has not reached the ledger yet (however late)
+    /// is never mistaken for one.
     suspects: HashSet<(String, i64)>,
+    suspects_mark: u64,
     /// When the last successful beat was sent.
     last_ok: Instant,
     outage: Outage,
@@ -49,6 +52,7 @@ impl Heartbeat {
         Heartbeat {
             shared,
             suspects: HashSet::new(),
+            suspects_mark: 0,
             // Registration, just before the services start, was a beat.
             last_ok: Instant::now(),
             outage: Outage::new("heartbeat"),
@@ -188,14 +192,23 @@ impl Heartbeat {
             }
         }
         // Ours in the database but not running here (stopped by a self-fence): give back
-        // after two beats in a row, so a claim racing this check is never taken for one.
+        // when seen on two reads in a row, and only once every claim that could have
+        // committed it (begun before the first read answered) has been taken in: a claim's
+        // answer can reach the ledger long after its commit.
+        let mark = shared.ledger.claim_mark();
+        let judged = shared.ledger.claims_taken_in(self.suspects_mark);
         let now_local = shared.ledger.owned();
         let orphans: HashSet<(String, i64)> = in_db
             .into_iter()
             .filter(|(id, lease)| now_local.get(id) != Some(lease))
             .collect();
-        let confirmed: Vec<(String, i64)> = orphans.intersection(&self.suspects).cloned().collect();
+        let confirmed: Vec<(String, i64)> = if judged {
+            orphans.intersection(&self.suspects).cloned().collect()
+        } else {
+            Vec::new()
+        };
         self.suspects = orphans;
+        self.suspects_mark = mark;
         if !confirmed.is_empty() {
             let back = shared
                 .beat_store

@@ -16,11 +16,18 @@
 //!
 //! The heartbeat's lease check compares [`Ledger::owned`] with the database; shutdown waits on
 //! [`Ledger::wait_empty`], woken by every removal instead of polling.
+//!
+//! A claim commits in the database before its answer reaches this process, and the answer
+//! may be taken in much later (its group waits on another row, or on a failing database):
+//! meanwhile the database says this worker owns jobs the ledger has not heard of. So every
+//! claim holds a [`ClaimTicket`] from before its statement is sent until its answer is taken
+//! in, and the heartbeat judges a job missing from the ledger only once every claim that
+//! could have committed it has been taken in ([`Ledger::claims_taken_in`]).
 
 use super::QueuePolicy;
 use crate::handler::{AttemptControl, Stop};
 use async_nats::jetstream::message::Acker;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
@@ -62,11 +69,63 @@ pub(crate) struct Ledger {
     jobs: Mutex<Jobs>,
     /// Woken whenever an entry goes away.
     removed: Notify,
+    /// Claims sent and not yet taken in.
+    claims: Arc<Mutex<Claims>>,
+}
+
+/// Claims in flight, numbered in the order they began.
+#[derive(Default)]
+struct Claims {
+    next: u64,
+    open: BTreeSet<u64>,
+}
+
+/// Held by one claim from before its statement is sent until its answer is taken in (every
+/// job it claimed recorded in the ledger, or handed back); dropping it says so.
+pub(crate) struct ClaimTicket {
+    claims: Arc<Mutex<Claims>>,
+    seq: u64,
+}
+
+impl Drop for ClaimTicket {
+    fn drop(&mut self) {
+        self.claims
+            .lock()
+            .expect("claims lock")
+            .open
+            .remove(&self.seq);
+    }
 }
 
 impl Ledger {
     fn lock(&self) -> std::sync::MutexGuard<'_, Jobs> {
         self.jobs.lock().expect("ledger lock")
+    }
+
+    /// A claim is about to be sent: its ticket, held until its answer is taken in.
+    pub fn claim_ticket(&self) -> ClaimTicket {
+        let mut c = self.claims.lock().expect("claims lock");
+        let seq = c.next;
+        c.next += 1;
+        c.open.insert(seq);
+        ClaimTicket {
+            claims: self.claims.clone(),
+            seq,
+        }
+    }
+
+    /// A mark in the order of claims: those begun before now are the ones below it. Taken
+    /// after a read of the jobs the database gives this worker, it covers every claim that
+    /// could have committed one of them.
+    pub fn claim_mark(&self) -> u64 {
+        self.claims.lock().expect("claims lock").next
+    }
+
+    /// Whether every claim begun before `mark` has been taken in: the jobs they claimed are
+    /// in the ledger now (or were handed back, or have ended).
+    pub fn claims_taken_in(&self, mark: u64) -> bool {
+        let c = self.claims.lock().expect("claims lock");
+        c.open.first().is_none_or(|&oldest| oldest >= mark)
     }
 
     /// **claimed**: this worker owns `id` under `lease` from now. An older attempt of the same
@@ -370,5 +429,28 @@ mod tests {
         assert_eq!(ledger.len(), 0);
         assert_eq!(ledger.in_flight_by_queue(), by_queue(&[]));
         assert_eq!(ledger.stop_all(Stop::Lost), 0);
+    }
+
+    #[test]
+    fn claims_are_taken_in_only_when_every_claim_begun_before_the_mark_has_ended() {
+        let ledger = Ledger::default();
+        assert!(
+            ledger.claims_taken_in(ledger.claim_mark()),
+            "no claim at all"
+        );
+        let first = ledger.claim_ticket();
+        let second = ledger.claim_ticket();
+        let mark = ledger.claim_mark();
+        let later = ledger.claim_ticket();
+        assert!(!ledger.claims_taken_in(mark));
+        // Out of order: the older one still out holds the mark.
+        drop(second);
+        assert!(!ledger.claims_taken_in(mark));
+        drop(first);
+        // A claim begun after the mark does not count.
+        assert!(ledger.claims_taken_in(mark));
+        assert!(!ledger.claims_taken_in(ledger.claim_mark()));
+        drop(later);
+        assert!(ledger.claims_taken_in(ledger.claim_mark()));
     }
 }

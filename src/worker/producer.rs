@@ -181,6 +181,8 @@ struct Claiming {
     messages: Vec<Delivered>,
     rejected: Vec<Rejected>,
     dropped: Vec<Delivered>,
+    /// Held until the claim's answer is taken in (see `Ledger::claim_ticket`).
+    ticket: super::ledger::ClaimTicket,
 }
 
 /// A claim's answers (none when nothing was claimed; the flag false when this worker is not
@@ -939,6 +941,7 @@ impl Producer {
             messages,
             rejected,
             dropped,
+            ticket: shared.ledger.claim_ticket(),
         };
         let stale = self.policy.stale_after;
         pending.push(
@@ -960,6 +963,7 @@ impl Producer {
             messages,
             mut rejected,
             mut dropped,
+            ticket,
         } = group;
         self.claiming -= messages.len();
         match health {
@@ -973,6 +977,7 @@ impl Producer {
         let stream = shared.broker.stream_name().to_string();
         let queue = self.policy.name.clone();
         let Some((alive, claims)) = answered else {
+            drop(ticket);
             let back = messages
                 .into_iter()
                 .chain(dropped)
@@ -1103,6 +1108,8 @@ impl Producer {
                 }),
             }
         }
+        // Every job this claim took is in the ledger now: the heartbeat may judge them.
+        drop(ticket);
         self.drop_messages(dropped);
         if !back.is_empty() {
             self.hand_back(back).await;
