@@ -7,7 +7,7 @@
 
 use crate::broker::Broker;
 use crate::job::{Envelope, JobStatus, NewJob, DEFAULT_PRIORITY};
-use crate::store::{Enqueued, Store};
+use crate::store::{in_schema, sql, Enqueued, Store};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -244,13 +244,7 @@ impl Client {
         opts: EnqueueOptions,
     ) -> Result<String, ClientError> {
         let (new, _envelope, max_attempts) = self.prepare(queue, payload, &opts)?;
-        let sql = format!(
-            "SELECT \"{}\".enqueue(queue => $1, payload => $2, priority => $3::int2::int4, \
-             run_at => now() + $4::int8 * interval '1 millisecond', max_attempts => $5, \
-             idempotency_key => $6, id => $7, timeout_ms => $8, backoff => $9, \
-             depends_on => $10, then_jobs => $11)",
-            self.store.schema()
-        );
+        let sql = in_schema(sql::CLIENT_ENQUEUE, self.store.schema());
         let delay_ms = opts.delay.unwrap_or_default().as_millis() as i64;
         let (timeout_ms, backoff) = (new.timeout_ms(), new.backoff_json());
         let depends_on = (!opts.depends_on.is_empty()).then_some(&opts.depends_on);
@@ -311,11 +305,7 @@ impl Client {
             // A row created by this transaction has created_at = now() (its start).
             let row = tx
                 .query_one(
-                    &format!(
-                        "SELECT status, generation, created_at = now() FROM \"{}\".jobs \
-                         WHERE id = $1",
-                        self.store.schema()
-                    ),
+                    &in_schema(sql::CLIENT_ENQUEUED, self.store.schema()),
                     &[&id],
                 )
                 .await
