@@ -75,7 +75,7 @@ pub enum StoreError {
     #[error("database pool: {0}")]
     Pool(String),
     #[error("migration failed: {0}")]
-    Migrate(String),
+    Migrate(#[source] refinery::Error),
     #[error("schema {schema} is at migration {have}, this build needs {need}: run `jobwarden migrate` (a role allowed to migrate), or set worker.migrate = true")]
     SchemaBehind {
         schema: String,
@@ -120,7 +120,10 @@ fn unreachable(target: &str, e: &tokio_postgres::Error) -> StoreError {
         }
         source = s.source();
     }
-    if cause.contains("TLS") {
+    // TLS refused (a certificate the server's CA did not sign, a name it was not issued
+    // for), or failed with no network error under it (the server does not offer TLS):
+    // neither is a passing state. A connection reset during the handshake is the network's.
+    if crate::causes::tls_refused(e) || !(crate::causes::io_failed(e) || e.is_closed()) {
         StoreError::Tls {
             target: target.to_string(),
             cause,
@@ -135,6 +138,11 @@ fn unreachable(target: &str, e: &tokio_postgres::Error) -> StoreError {
 
 /// Errors of a server that is starting up, shutting down or out of connections (SQLSTATE
 /// classes 08, 53, 57): worth waiting for, unlike a refusal.
+/// A statement failed because the server went away (not because of what it said).
+fn went_away(e: &tokio_postgres::Error) -> bool {
+    e.is_closed() || e.as_db_error().is_none() || is_transient(e)
+}
+
 fn is_transient(e: &tokio_postgres::Error) -> bool {
     e.as_db_error()
         .is_some_and(|db| matches!(&db.code().code()[..2], "08" | "53" | "57"))
@@ -164,14 +172,25 @@ impl StoreError {
         }
     }
 
+    /// No wait can cure it: a URL that does not parse, a server that said no (a login or
+    /// database it refuses), TLS that cannot be set up. Decided by the variant, chosen from
+    /// SQLSTATE codes and the error's typed causes.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            StoreError::BadUrl(_) | StoreError::Refused { .. } | StoreError::Tls { .. }
+        )
+    }
+
     /// The server went away or is restarting (a closed connection, an unreachable server,
     /// SQLSTATE classes 08, 53, 57): worth doing again once it is back.
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Unreachable { .. } => true,
-            StoreError::Db(e) => e.is_closed() || e.as_db_error().is_none() || is_transient(e),
+            StoreError::Db(e) => went_away(e),
+            // Its cause is the database's own error, when the database failed it.
             StoreError::Migrate(m) => {
-                m.contains("connection closed") || m.contains("error communicating")
+                crate::causes::find::<tokio_postgres::Error>(m).is_some_and(went_away)
             }
             _ => false,
         }
@@ -591,7 +610,7 @@ impl Store {
                 .set_migration_table_name("jobwarden_migrations")
                 .run_async(&mut **client)
                 .await
-                .map_err(|e| StoreError::Migrate(e.to_string()))?;
+                .map_err(StoreError::Migrate)?;
             Ok::<_, StoreError>(report.applied_migrations().len())
         }
         .await;
@@ -672,21 +691,44 @@ pub fn in_schema(sql: &str, schema: &str) -> String {
 mod tests {
     use super::StoreError;
 
-    #[test]
-    fn a_server_that_went_away_is_transient_a_refusal_is_not() {
+    /// A real client error: a connection to a port nobody listens on.
+    async fn refused_connect() -> tokio_postgres::Error {
+        tokio_postgres::connect("host=127.0.0.1 port=1 user=x", tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("nothing listens on port 1")
+    }
+
+    #[tokio::test]
+    async fn a_server_that_went_away_is_transient_a_refusal_is_not_and_only_a_refusal_is_fatal() {
+        use refinery::error::WrapMigrationError;
         let t = || "127.0.0.1:5432/test".to_string();
-        assert!(StoreError::Unreachable {
+        let gone = refused_connect().await;
+        let unreachable = super::unreachable(&t(), &gone);
+        assert!(
+            matches!(unreachable, StoreError::Unreachable { .. }),
+            "{unreachable:?}"
+        );
+        assert!(unreachable.is_transient() && !unreachable.is_fatal());
+        assert!(StoreError::Db(refused_connect().await).is_transient());
+        // A migration the database failed is transient by its cause's type, not its words;
+        // one that failed for another reason is not.
+        let failed: Result<(), _> = Err(refused_connect().await);
+        let migrate = StoreError::Migrate(failed.migration_err("applying V1", None).unwrap_err());
+        assert!(migrate.is_transient(), "{migrate}");
+        let io: Result<(), _> = Err(std::io::Error::other("connection closed"));
+        let other = StoreError::Migrate(io.migration_err("reading", None).unwrap_err());
+        assert!(!other.is_transient(), "{other}");
+        let refused = StoreError::Refused {
             target: t(),
-            cause: "connection closed".into()
-        }
-        .is_transient());
-        assert!(StoreError::Migrate("db error: connection closed".into()).is_transient());
-        assert!(!StoreError::Migrate("syntax error at or near \"x\"".into()).is_transient());
-        assert!(!StoreError::Refused {
+            reason: "password authentication failed".into(),
+        };
+        assert!(!refused.is_transient() && refused.is_fatal());
+        assert!(StoreError::BadUrl("x".into()).is_fatal());
+        let tls = StoreError::Tls {
             target: t(),
-            reason: "password authentication failed".into()
-        }
-        .is_transient());
-        assert!(!StoreError::BadUrl("x".into()).is_transient());
+            cause: "x".into(),
+        };
+        assert!(tls.is_fatal());
     }
 }

@@ -787,13 +787,11 @@ impl Producer {
         }
         lane.last_check = Instant::now();
         let info = tokio::time::timeout(BROKER_CALL_LIMIT, lane.consumer.info()).await;
-        let gone = match &info {
-            Ok(Err(e)) => {
-                let cause = e.to_string();
-                cause.contains("not found") || cause.contains("10014") || cause.contains("10059")
-            }
-            _ => false,
-        };
+        use async_nats::jetstream::context::ConsumerInfoErrorKind as Kind;
+        let gone = matches!(
+            &info,
+            Ok(Err(e)) if matches!(e.kind(), Kind::NotFound | Kind::StreamNotFound)
+        );
         if !gone {
             return;
         }
