@@ -182,16 +182,9 @@ pub(super) fn republished(msg_id: &str, id: &str) -> bool {
 }
 
 impl Producer {
-    /// Claims one group of delivered messages and dispatches the claimed jobs; returns how
-    /// many jobs it started.
     /// Decodes a group of messages and starts its claim statement; returns without waiting
     /// for it unless `CLAIMS_IN_FLIGHT` are already out (then it finishes the first to answer).
-    pub(super) async fn start_claim(
-        &mut self,
-        arrived: Vec<Delivered>,
-        jobs: &TaskTracker,
-        pending: &mut Pending,
-    ) {
+    pub(super) async fn start_claim(&mut self, arrived: Vec<Delivered>) {
         let shared = self.shared.clone();
         let max_bytes = shared.config.worker.max_payload_bytes;
         let stream = shared.broker.stream_name().to_string();
@@ -277,11 +270,11 @@ impl Producer {
             self.hand_back(back).await;
             return;
         }
-        while pending.len() >= CLAIMS_IN_FLIGHT {
-            let Some(done) = pending.next().await else {
+        while self.pending.len() >= CLAIMS_IN_FLIGHT {
+            let Some(done) = self.pending.next().await else {
                 break;
             };
-            self.finish_claim(done, jobs).await;
+            self.finish_claim(done).await;
         }
         self.claiming += messages.len();
         // How many of these have no slot of their own yet (claimed ahead, see SHORT_JOB).
@@ -303,7 +296,7 @@ impl Producer {
             ticket: shared.ledger.claim_ticket(),
         };
         let stale = self.policy.stale_after;
-        pending.push(
+        self.pending.push(
             async move {
                 let (answered, health) = claim(&shared, stale, &group.inputs, &group.known).await;
                 (group, answered, health)
@@ -314,7 +307,7 @@ impl Producer {
 
     /// Takes a claim's answer: runs what it claimed, acks and drops what needs nothing,
     /// keeps conflicts and invalid messages, hands the rest back. Returns how many it ran.
-    pub(super) async fn finish_claim(&mut self, done: ClaimDone, jobs: &TaskTracker) -> usize {
+    pub(super) async fn finish_claim(&mut self, done: ClaimDone) -> usize {
         let (group, answered, health) = done;
         let Claiming {
             inputs,
@@ -427,7 +420,6 @@ impl Producer {
                         None => (input.job.payload, input.job.backoff),
                     };
                     self.dispatch(
-                        jobs,
                         d,
                         Owned {
                             id,

@@ -92,6 +92,26 @@ struct LaneState {
     last_check: Instant,
 }
 
+/// The slots free for new messages at the top of a loop turn.
+#[derive(Clone, Copy)]
+struct Room {
+    /// Free and promised to no open pull.
+    free: usize,
+    /// Also counting those a watch holds loosely (a message of a lane with work takes them).
+    free_for_work: usize,
+}
+
+/// What one turn's pull events brought.
+#[derive(Default)]
+struct Arrivals {
+    /// Messages with a slot held for them.
+    arrived: Vec<Delivered>,
+    /// Messages that came without one (a doorbell's).
+    slotless: Vec<Delivered>,
+    /// Lanes whose pull ended without a message (is the consumer still there?).
+    empty_ended: Vec<usize>,
+}
+
 pub(crate) struct Producer {
     shared: Arc<Shared>,
     policy: Arc<QueuePolicy>,
@@ -103,7 +123,27 @@ pub(crate) struct Producer {
     freed: Arc<Freed>,
     claims: Outage,
     /// Pull requests the server did not take: backed off, logged once per outage.
-    pulls: Outage,
+    pull_outage: Outage,
+    /// While pulls fail: how long to wait before the next one.
+    pull_backoff: Duration,
+    /// The open pull requests' messages, as one stream of events.
+    pulls: SelectAll<BoxStream<'static, PullEvent>>,
+    /// The open pull requests and the slots they hold.
+    book: PullBook,
+    /// The running jobs (they free their slot and ring `freed` as they end).
+    jobs: TaskTracker,
+    /// Claim statements in flight (at most CLAIMS_IN_FLIGHT).
+    pending: Pending,
+    /// Messages that arrived with no free slot (from doorbells): they take the next slots,
+    /// highest priority first, or go back to the stream after HOLD_MAX.
+    held: Vec<(Delivered, Instant)>,
+    /// Most messages claimed in one statement (and asked for in one pull).
+    batch_cap: usize,
+    /// A pull's byte budget: never below the largest message the server takes.
+    pull_bytes: usize,
+    /// A work pull goes out once this many slots are free (a quarter of a batch), or at once
+    /// when none is open.
+    refill_at: usize,
     /// Messages in claim statements still in flight: their slots are spoken for.
     claiming: usize,
     /// Messages wait in `held` for a slot (as of the loop's last turn): claim nothing ahead.
@@ -151,7 +191,19 @@ impl Producer {
             .position(|l| l.lane.band.is_none())
             .filter(|_| flow.is_none());
         let name = policy.name.clone();
+        let w = &shared.config.worker;
+        let batch_cap = w.claim_batch.min(policy.concurrency);
+        let pull_bytes = w.pull_max_bytes.max(shared.broker.max_payload() + 4096);
         Producer {
+            pull_backoff: Duration::ZERO,
+            pulls: SelectAll::new(),
+            book: PullBook::default(),
+            jobs: TaskTracker::new(),
+            pending: FuturesUnordered::new(),
+            held: Vec::new(),
+            batch_cap,
+            pull_bytes,
+            refill_at: (batch_cap / 4).max(1),
             watched,
             slots: Arc::new(Semaphore::new(policy.concurrency)),
             flow,
@@ -167,7 +219,7 @@ impl Producer {
                 queue: name,
             }),
             claims: Outage::new("claim"),
-            pulls: Outage::new("pull"),
+            pull_outage: Outage::new("pull"),
             claiming: 0,
             holding: false,
             ready: Vec::new(),
@@ -218,189 +270,28 @@ impl Producer {
         Some(first)
     }
 
+    /// The producer's loop: each turn runs what waits for a slot, sends the pulls there is
+    /// room for, waits for the next event (a message, an answered claim, a job that ended,
+    /// a timer) and takes it in. Every counter it keeps changes inside a named method.
     pub async fn run(mut self, cancel: CancellationToken) {
         self.stop = cancel.clone();
-        let mut pulls: SelectAll<BoxStream<'static, PullEvent>> = SelectAll::new();
-        let mut open: HashMap<u64, Pull> = HashMap::new();
-        // Slots promised to open pulls (doorbells promise none), and the part of them that
-        // watches hold loosely.
-        let mut reserved = 0usize;
-        let mut loose = 0usize;
-        let mut work_pulls = 0usize;
-        let mut next_pull = 0u64;
-        // The running jobs (they free their slot and ring `freed` as they end).
-        let jobs = TaskTracker::new();
-        // Claim statements in flight (at most CLAIMS_IN_FLIGHT).
-        let mut pending: Pending = FuturesUnordered::new();
-        // Messages that arrived with no free slot (from doorbells): they take the next slots,
-        // highest priority first, or go back to the stream after HOLD_MAX.
-        let mut held: Vec<(Delivered, Instant)> = Vec::new();
-        let w = &self.shared.config.worker;
-        let batch_cap = w.claim_batch.min(self.policy.concurrency);
-        // A pull's byte budget never goes below the largest message the server takes.
-        let pull_bytes = w
-            .pull_max_bytes
-            .max(self.shared.broker.max_payload() + 4096);
-        // Refill once a quarter of the slots (or one batch) is free, or at once when idle.
-        let refill_at = (batch_cap / 4).max(1);
-        let mut pull_backoff = Duration::ZERO;
-
         loop {
             // A worker fenced off from PostgreSQL takes no new work until it is back.
             let fenced = self.shared.fenced.load(Ordering::SeqCst);
-            self.holding = !held.is_empty();
-            let permits = self.free_slots();
-            let free = permits.saturating_sub(reserved);
-            // What a message of a lane with work may have: the free slots and those an idle
-            // lane's watch holds.
-            let free_for_work = permits.saturating_sub(reserved - loose);
-            // Held messages first — those of the highest lane that has work; one of a lower
-            // lane waits (and goes back after HOLD_MAX), so priorities stay strict.
-            let best_hot = self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX);
-            if !fenced && free_for_work > 0 && !held.is_empty() {
-                held.sort_by_key(|(d, _)| d.rank);
-                let n = held
-                    .iter()
-                    .take_while(|(d, _)| d.rank <= best_hot)
-                    .count()
-                    .min(free_for_work);
-                if n > 0 {
-                    let taken = unreserve_watches(&mut open, n.saturating_sub(free));
-                    reserved -= taken;
-                    loose -= taken;
-                    let take: Vec<Delivered> = held.drain(..n).map(|(d, _)| d).collect();
-                    let before = held.len();
-                    self.admit(take, &mut held, &jobs, &mut pending).await;
-                    // Unless messages went back to wait for grants (then on to the timers).
-                    if held.len() <= before {
-                        continue;
-                    }
-                }
+            self.holding = !self.held.is_empty();
+            let room = self.room();
+            if !fenced && self.admit_held(room).await {
+                continue;
             }
-            if !held.is_empty() {
-                let now = Instant::now();
-                let (back, keep): (Vec<_>, Vec<_>) = held
-                    .drain(..)
-                    .partition(|(_, at)| fenced || now.duration_since(*at) >= HOLD_MAX);
-                held = keep;
-                for (d, _) in back {
-                    // Every slot is busy: back to the stream; the lane stays hot, so it is
-                    // pulled from as soon as a slot frees.
-                    if let Some(l) = self.lanes.get_mut(d.rank) {
-                        l.hot = true;
-                    }
-                    self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
-                }
+            self.send_back_held(fenced);
+            if !fenced && self.pull_work(room).await {
+                continue;
             }
-            if !fenced
-                && free_for_work > 0
-                && (free_for_work >= refill_at || work_pulls == 0)
-                && pull_backoff.is_zero()
-                && self.lanes.iter().any(|l| l.hot)
-            {
-                let mut n = free_for_work.min(batch_cap);
-                // Under a cap or rate limit: only as many as there are grants for (the
-                // open pulls' messages have theirs).
-                if let Some(flow) = self.flow.as_mut() {
-                    let held = flow.reserve(reserved + n).await;
-                    n = n.min(held.saturating_sub(reserved));
-                }
-                if let Some(i) = (n > 0).then(|| self.next_lane()).flatten() {
-                    match self.send_pull(i, n, pull_bytes, false).await {
-                        Ok(stream) => {
-                            self.pulls.ok();
-                            let taken = unreserve_watches(&mut open, n.saturating_sub(free));
-                            reserved -= taken;
-                            loose -= taken;
-                            let id = next_pull;
-                            next_pull += 1;
-                            reserved += n;
-                            work_pulls += 1;
-                            pulls.push(tag(
-                                stream,
-                                id,
-                                BROKER_CALL_LIMIT,
-                                self.lanes[i].lane.to_string().into(),
-                            ));
-                            open.insert(
-                                id,
-                                Pull {
-                                    remaining: n,
-                                    reserved: n,
-                                    bytes: 0,
-                                    lane: i,
-                                    kind: PullKind::Work,
-                                },
-                            );
-                            continue;
-                        }
-                        Err(e) => {
-                            let cause =
-                                format!("pull request on {} failed: {e}", self.lanes[i].lane);
-                            pull_backoff =
-                                self.pulls.failed(&cause).max(Duration::from_millis(500));
-                            self.check_consumer(i, true).await;
-                        }
-                    }
-                }
+            if !fenced {
+                self.open_long_polls().await;
             }
-            // Every lane that looked empty keeps a doorbell open, so a message on any lane
-            // is seen at once, whatever the others hold; the watched lane a watch over the
-            // free slots, when there are any.
-            if !fenced && pull_backoff.is_zero() {
-                for i in 0..self.lanes.len() {
-                    if self.lanes[i].hot || self.lanes[i].doorbell {
-                        continue;
-                    }
-                    let free = self.free_slots().saturating_sub(reserved);
-                    let (kind, n) = if self.watched == Some(i) && free > 0 {
-                        (PullKind::Watch, free.min(batch_cap))
-                    } else {
-                        (PullKind::Doorbell, 1)
-                    };
-                    match self.send_pull(i, n, pull_bytes, true).await {
-                        Ok(stream) => {
-                            self.pulls.ok();
-                            let id = next_pull;
-                            next_pull += 1;
-                            self.lanes[i].doorbell = true;
-                            pulls.push(tag(
-                                stream,
-                                id,
-                                PULL_EXPIRES + BROKER_CALL_LIMIT,
-                                self.lanes[i].lane.to_string().into(),
-                            ));
-                            let reserve = if kind == PullKind::Watch { n } else { 0 };
-                            reserved += reserve;
-                            loose += reserve;
-                            open.insert(
-                                id,
-                                Pull {
-                                    remaining: n,
-                                    reserved: reserve,
-                                    bytes: 0,
-                                    lane: i,
-                                    kind,
-                                },
-                            );
-                        }
-                        Err(e) => {
-                            let cause =
-                                format!("pull request on {} failed: {e}", self.lanes[i].lane);
-                            pull_backoff =
-                                self.pulls.failed(&cause).max(Duration::from_millis(500));
-                            self.check_consumer(i, true).await;
-                            break;
-                        }
-                    }
-                }
-            }
-
-            let mut arrived: Vec<Delivered> = Vec::new();
-            // Messages that came without a slot promised to them (a doorbell's).
-            let mut slotless: Vec<Delivered> = Vec::new();
-            let mut empty_ended: Vec<usize> = Vec::new();
-            let hold_until = held
+            let hold_until = self
+                .held
                 .iter()
                 .map(|(_, at)| *at + HOLD_MAX)
                 .min()
@@ -410,166 +301,349 @@ impl Producer {
                 .flow
                 .as_ref()
                 .and_then(|f| f.waiting_until())
-                .filter(|_| self.lanes.iter().any(|l| l.hot) || !held.is_empty());
+                .filter(|_| self.lanes.iter().any(|l| l.hot) || !self.held.is_empty());
+            let mut got = Arrivals::default();
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(pull_backoff), if !pull_backoff.is_zero() => {
-                    pull_backoff = Duration::ZERO;
+                _ = tokio::time::sleep(self.pull_backoff), if !self.pull_backoff.is_zero() => {
+                    self.pull_backoff = Duration::ZERO;
                 }
                 _ = self.freed.rung.notified() => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
-                _ = tokio::time::sleep_until(hold_until.into()), if !held.is_empty() => {}
+                _ = tokio::time::sleep_until(hold_until.into()), if !self.held.is_empty() => {}
                 _ = tokio::time::sleep_until(flow_wait.unwrap_or_else(Instant::now).into()), if flow_wait.is_some() => {}
-                Some(done) = pending.next(), if !pending.is_empty() => {
-                    self.finish_claim(done, &jobs).await;
+                Some(done) = self.pending.next(), if !self.pending.is_empty() => {
+                    self.finish_claim(done).await;
                 }
-                Some(ev) = pulls.next(), if !pulls.is_empty() => {
-                    // Take this event and every other one already waiting: they are claimed
-                    // together in one statement.
-                    let mut ev = Some(ev);
-                    while let Some(e) = ev.take() {
-                        match e {
-                            PullEvent::Msg(id, m) => {
-                                let Some(p) = open.get_mut(&id) else { continue };
-                                let lane = &mut self.lanes[p.lane];
-                                let with_slot = p.reserved > 0;
-                                if with_slot {
-                                    p.reserved -= 1;
-                                    reserved -= 1;
-                                    if p.kind == PullKind::Watch {
-                                        loose -= 1;
-                                    }
-                                } else {
-                                    // It came without a slot: the lane has work, and its
-                                    // priority decides what runs next.
-                                    lane.hot = true;
-                                }
-                                p.remaining = p.remaining.saturating_sub(1);
-                                p.bytes += m.length as u64;
-                                let d = Delivered::new(m, &lane.lane, p.lane);
-                                if with_slot {
-                                    arrived.push(d);
-                                } else {
-                                    slotless.push(d);
-                                }
-                            }
-                            PullEvent::Failed(cause) => {
-                                debug!(queue = %self.policy.name, %cause, "pull status");
-                            }
-                            PullEvent::End(id) => {
-                                if let Some(p) = open.remove(&id) {
-                                    let lane = &mut self.lanes[p.lane];
-                                    reserved -= p.reserved;
-                                    match p.kind {
-                                        PullKind::Doorbell => lane.doorbell = false,
-                                        PullKind::Watch => {
-                                            loose -= p.reserved;
-                                            lane.doorbell = false;
-                                            // Filled: more may be waiting.
-                                            if p.remaining == 0 {
-                                                lane.hot = true;
-                                            }
-                                        }
-                                        PullKind::Work => {
-                                            work_pulls -= 1;
-                                            // Ended short: the lane ran dry; a doorbell or a
-                                            // watch looks after it.
-                                            if p.remaining > 0 {
-                                                lane.hot = false;
-                                            }
-                                        }
-                                    }
-                                    self.shared.stats.largest_pull_bytes.fetch_max(p.bytes, Ordering::Relaxed);
-                                    if p.bytes == 0 {
-                                        empty_ended.push(p.lane);
-                                    }
-                                }
-                            }
-                        }
-                        if arrived.len() + slotless.len() >= batch_cap {
-                            break;
-                        }
-                        ev = pulls.next().now_or_never().flatten();
-                    }
+                Some(ev) = self.pulls.next(), if !self.pulls.is_empty() => {
+                    got = self.take_events(ev);
                 }
             }
-            if let Some(f) = self.flow.as_mut() {
-                f.jobs_ended(self.freed.take());
-                f.report_ended().await;
-                // Nothing to pull: the grants held go back for other workers.
-                if work_pulls == 0 && held.is_empty() && self.lanes.iter().all(|l| !l.hot) {
-                    f.give_back().await;
-                }
+            self.settle_flow().await;
+            self.take_in(got).await;
+            self.claim_ready().await;
+        }
+        self.shut_down().await;
+    }
+
+    /// The slots free for new messages, as of now.
+    fn room(&self) -> Room {
+        let permits = self.free_slots();
+        let reserved = self.book.reserved();
+        Room {
+            free: permits.saturating_sub(reserved),
+            // What a message of a lane with work may have: the free slots and those an idle
+            // lane's watch holds.
+            free_for_work: permits.saturating_sub(reserved - self.book.loose()),
+        }
+    }
+
+    /// The highest-priority lane with work (`usize::MAX`: none).
+    fn best_hot(&self) -> usize {
+        self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX)
+    }
+
+    /// Held messages first — those of the highest lane that has work; one of a lower lane
+    /// waits (and goes back after HOLD_MAX), so priorities stay strict. Returns whether it
+    /// admitted some and the loop should look again at once.
+    async fn admit_held(&mut self, room: Room) -> bool {
+        if room.free_for_work == 0 || self.held.is_empty() {
+            return false;
+        }
+        let best_hot = self.best_hot();
+        self.held.sort_by_key(|(d, _)| d.rank);
+        let n = self
+            .held
+            .iter()
+            .take_while(|(d, _)| d.rank <= best_hot)
+            .count()
+            .min(room.free_for_work);
+        if n == 0 {
+            return false;
+        }
+        self.book.take_from_watches(n.saturating_sub(room.free));
+        let take: Vec<Delivered> = self.held.drain(..n).map(|(d, _)| d).collect();
+        let before = self.held.len();
+        self.admit(take).await;
+        // Unless messages went back to wait for grants (then on to the timers).
+        self.held.len() <= before
+    }
+
+    /// Held messages that waited HOLD_MAX (all of them when fenced) go back to the stream.
+    fn send_back_held(&mut self, fenced: bool) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let (back, keep): (Vec<_>, Vec<_>) = self
+            .held
+            .drain(..)
+            .partition(|(_, at)| fenced || now.duration_since(*at) >= HOLD_MAX);
+        self.held = keep;
+        for (d, _) in back {
+            // Every slot is busy: back to the stream; the lane stays hot, so it is pulled
+            // from as soon as a slot frees.
+            if let Some(l) = self.lanes.get_mut(d.rank) {
+                l.hot = true;
             }
-            if !slotless.is_empty() {
-                // A message that came without a slot never takes a free one from a
-                // higher-priority lane that has work: that lane's next pull gets the slot. It
-                // waits with the held ones (and goes back to the stream after HOLD_MAX).
-                let best_hot = self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX);
-                let now = Instant::now();
-                for d in slotless {
-                    if d.rank > best_hot {
-                        held.push((d, now));
-                    } else {
-                        arrived.push(d);
-                    }
-                }
+            self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
+        }
+    }
+
+    /// Sends a work pull to the lane whose turn it is, when there is room enough (or none is
+    /// open). Returns whether it sent one and the loop should look again at once.
+    async fn pull_work(&mut self, room: Room) -> bool {
+        let wanted = room.free_for_work >= self.refill_at || self.book.work_pulls() == 0;
+        if room.free_for_work == 0
+            || !wanted
+            || !self.pull_backoff.is_zero()
+            || !self.lanes.iter().any(|l| l.hot)
+        {
+            return false;
+        }
+        let mut n = room.free_for_work.min(self.batch_cap);
+        // Under a cap or rate limit: only as many as there are grants for (the open pulls'
+        // messages have theirs).
+        if let Some(flow) = self.flow.as_mut() {
+            let reserved = self.book.reserved();
+            let held = flow.reserve(reserved + n).await;
+            n = n.min(held.saturating_sub(reserved));
+        }
+        let Some(i) = (n > 0).then(|| self.next_lane()).flatten() else {
+            return false;
+        };
+        match self.send_pull(i, n, self.pull_bytes, false).await {
+            Ok(stream) => {
+                self.pull_outage.ok();
+                self.book.take_from_watches(n.saturating_sub(room.free));
+                let id = self.book.opened(i, PullKind::Work, n);
+                self.watch_pull(stream, id, i, BROKER_CALL_LIMIT);
+                true
             }
-            if !arrived.is_empty() {
-                // A work pull's messages have their slots (a watch's, those it still held); a
-                // doorbell's only if one is free.
-                arrived.sort_by_key(|d| d.rank);
-                let room = self.free_slots().saturating_sub(reserved);
-                if arrived.len() > room {
-                    let now = Instant::now();
-                    held.extend(arrived.drain(room..).map(|d| (d, now)));
-                }
-                self.ready.append(&mut arrived);
+            Err(e) => {
+                self.pull_failed(i, e).await;
+                false
+            }
+        }
+    }
+
+    /// Every lane that looked empty keeps a doorbell open, so a message on any lane is seen
+    /// at once, whatever the others hold; the watched lane a watch over the free slots, when
+    /// there are any.
+    async fn open_long_polls(&mut self) {
+        if !self.pull_backoff.is_zero() {
+            return;
+        }
+        for i in 0..self.lanes.len() {
+            if self.lanes[i].hot || self.lanes[i].doorbell {
+                continue;
+            }
+            let free = self.free_slots().saturating_sub(self.book.reserved());
+            let (kind, n) = if self.watched == Some(i) && free > 0 {
+                (PullKind::Watch, free.min(self.batch_cap))
             } else {
-                for i in empty_ended {
-                    self.check_consumer(i, false).await;
+                (PullKind::Doorbell, 1)
+            };
+            match self.send_pull(i, n, self.pull_bytes, true).await {
+                Ok(stream) => {
+                    self.pull_outage.ok();
+                    let id = self.book.opened(i, kind, n);
+                    self.lanes[i].doorbell = true;
+                    self.watch_pull(stream, id, i, PULL_EXPIRES + BROKER_CALL_LIMIT);
+                }
+                Err(e) => {
+                    self.pull_failed(i, e).await;
+                    break;
                 }
             }
-            // Claim what is ready while a statement may go out (a queue under a cap or rate
-            // limit claims one group at a time, inside `admit`).
-            // Highest priority first (a stable sort: arrival order within a lane); taking
-            // from the front keeps the rest sorted.
-            self.ready.sort_by_key(|d| d.rank);
-            while !self.ready.is_empty()
-                && (self.flow.is_some() || pending.len() < CLAIMS_IN_FLIGHT)
-            {
-                let take = self.ready.len().min(batch_cap);
-                let group: Vec<Delivered> = self.ready.drain(..take).collect();
-                self.admit(group, &mut held, &jobs, &mut pending).await;
+        }
+    }
+
+    /// Adds a pull's messages to the events the loop waits for.
+    fn watch_pull(
+        &mut self,
+        batch: async_nats::jetstream::consumer::pull::Batch,
+        id: u64,
+        lane: usize,
+        idle: Duration,
+    ) {
+        let name = self.lanes[lane].lane.to_string().into();
+        self.pulls.push(tag(batch, id, idle, name));
+    }
+
+    /// A pull request the server did not take: back off, and make sure the lane's consumer
+    /// still exists.
+    async fn pull_failed(&mut self, i: usize, e: String) {
+        let cause = format!("pull request on {} failed: {e}", self.lanes[i].lane);
+        self.pull_backoff = self
+            .pull_outage
+            .failed(&cause)
+            .max(Duration::from_millis(500));
+        self.check_consumer(i, true).await;
+    }
+
+    /// Takes `ev` and every other pull event already waiting (up to a claim group's worth):
+    /// their messages are claimed together in one statement.
+    fn take_events(&mut self, ev: PullEvent) -> Arrivals {
+        let mut got = Arrivals::default();
+        let mut ev = Some(ev);
+        while let Some(e) = ev.take() {
+            match e {
+                PullEvent::Msg(id, m) => {
+                    let Some(a) = self.book.message(id, m.length as u64) else {
+                        continue;
+                    };
+                    let lane = &mut self.lanes[a.lane];
+                    // One that came without a slot: the lane has work, and its priority
+                    // decides what runs next.
+                    if !a.with_slot {
+                        lane.hot = true;
+                    }
+                    let d = Delivered::new(m, &lane.lane, a.lane);
+                    if a.with_slot {
+                        got.arrived.push(d);
+                    } else {
+                        got.slotless.push(d);
+                    }
+                }
+                PullEvent::Failed(cause) => {
+                    debug!(queue = %self.policy.name, %cause, "pull status");
+                }
+                PullEvent::End(id) => {
+                    if let Some(p) = self.book.ended(id) {
+                        self.pull_ended(&p, &mut got);
+                    }
+                }
+            }
+            if got.arrived.len() + got.slotless.len() >= self.batch_cap {
+                break;
+            }
+            ev = self.pulls.next().now_or_never().flatten();
+        }
+        got
+    }
+
+    /// What a pull's end says about its lane.
+    fn pull_ended(&mut self, p: &Pull, got: &mut Arrivals) {
+        let lane = &mut self.lanes[p.lane];
+        match p.kind {
+            PullKind::Doorbell => lane.doorbell = false,
+            PullKind::Watch => {
+                lane.doorbell = false;
+                // Filled: more may be waiting.
+                if p.remaining == 0 {
+                    lane.hot = true;
+                }
+            }
+            // Ended short: the lane ran dry; a doorbell or a watch looks after it.
+            PullKind::Work if p.remaining > 0 => lane.hot = false,
+            PullKind::Work => {}
+        }
+        self.shared
+            .stats
+            .largest_pull_bytes
+            .fetch_max(p.bytes, Ordering::Relaxed);
+        if p.bytes == 0 {
+            got.empty_ended.push(p.lane);
+        }
+    }
+
+    /// Reports the jobs that ended to the queue's grants; with nothing to pull, the grants
+    /// held go back for other workers.
+    async fn settle_flow(&mut self) {
+        let Some(f) = self.flow.as_mut() else {
+            return;
+        };
+        f.jobs_ended(self.freed.take());
+        f.report_ended().await;
+        if self.book.work_pulls() == 0 && self.held.is_empty() && self.lanes.iter().all(|l| !l.hot)
+        {
+            f.give_back().await;
+        }
+    }
+
+    /// Places the messages that arrived: ready to claim when a slot is theirs, held when
+    /// not. A pull that brought nothing may mean its consumer is gone.
+    async fn take_in(&mut self, got: Arrivals) {
+        let Arrivals {
+            mut arrived,
+            slotless,
+            empty_ended,
+        } = got;
+        if !slotless.is_empty() {
+            // A message that came without a slot never takes a free one from a
+            // higher-priority lane that has work: that lane's next pull gets the slot. It
+            // waits with the held ones (and goes back to the stream after HOLD_MAX).
+            let best_hot = self.best_hot();
+            let now = Instant::now();
+            for d in slotless {
+                if d.rank > best_hot {
+                    self.held.push((d, now));
+                } else {
+                    arrived.push(d);
+                }
             }
         }
-        // Stop fetching. Claims still in flight: what they claimed goes back (released, the
-        // attempt refunded). Messages already delivered to us go back at once (a job that
-        // exists only as a message would otherwise wait for the adopter).
-        while let Some(done) = pending.next().await {
-            self.finish_claim(done, &jobs).await;
+        if !arrived.is_empty() {
+            // A work pull's messages have their slots (a watch's, those it still held); a
+            // doorbell's only if one is free.
+            arrived.sort_by_key(|d| d.rank);
+            let room = self.free_slots().saturating_sub(self.book.reserved());
+            if arrived.len() > room {
+                let now = Instant::now();
+                self.held.extend(arrived.drain(room..).map(|d| (d, now)));
+            }
+            self.ready.append(&mut arrived);
+        } else {
+            for i in empty_ended {
+                self.check_consumer(i, false).await;
+            }
         }
+    }
+
+    /// Claims what is ready while a statement may go out (a queue under a cap or rate limit
+    /// claims one group at a time, inside `admit`). Highest priority first (a stable sort:
+    /// arrival order within a lane); taking from the front keeps the rest sorted.
+    async fn claim_ready(&mut self) {
+        self.ready.sort_by_key(|d| d.rank);
+        while !self.ready.is_empty()
+            && (self.flow.is_some() || self.pending.len() < CLAIMS_IN_FLIGHT)
+        {
+            let take = self.ready.len().min(self.batch_cap);
+            let group: Vec<Delivered> = self.ready.drain(..take).collect();
+            self.admit(group).await;
+        }
+    }
+
+    /// Stops fetching. Claims still in flight: what they claimed goes back (released, the
+    /// attempt refunded). Messages already delivered to us go back at once (a job that
+    /// exists only as a message would otherwise wait for the adopter). Then waits for the
+    /// running jobs (the worker bounds this by shutdown_grace).
+    async fn shut_down(&mut self) {
+        while let Some(done) = self.pending.next().await {
+            self.finish_claim(done).await;
+        }
+        let held = std::mem::take(&mut self.held);
         for d in std::mem::take(&mut self.ready)
             .into_iter()
-            .chain(held.drain(..).map(|(d, _)| d))
+            .chain(held.into_iter().map(|(d, _)| d))
         {
             self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
         }
-        while let Some(Some(ev)) = pulls.next().now_or_never() {
+        while let Some(Some(ev)) = self.pulls.next().now_or_never() {
             if let PullEvent::Msg(id, m) = ev {
-                let rank = open.get(&id).map(|p| p.lane).unwrap_or(0);
+                let rank = self.book.lane_of(id).unwrap_or(0);
                 let lane = self.lanes[rank].lane.clone();
                 let acker = Delivered::new(m, &lane, rank).acker();
                 self.shared.outbound.ack(&acker, AckKind::Nak(None));
             }
         }
-        drop(pulls);
+        self.pulls = SelectAll::new();
         if let Some(f) = self.flow.as_mut() {
             f.give_back().await;
         }
-        // Let running jobs finish (the worker bounds this by shutdown_grace).
-        jobs.close();
-        jobs.wait().await;
+        self.jobs.close();
+        self.jobs.wait().await;
         if let Some(f) = self.flow.as_mut() {
             f.jobs_ended(self.freed.take());
             f.report_ended().await;
@@ -578,21 +652,15 @@ impl Producer {
 
     /// Claims messages of a queue without limits at once; under a cap or rate limit only as
     /// many as it holds grants for (the rest wait in `held`, highest priority first).
-    async fn admit(
-        &mut self,
-        mut msgs: Vec<Delivered>,
-        held: &mut Vec<(Delivered, Instant)>,
-        jobs: &TaskTracker,
-        pending: &mut Pending,
-    ) {
+    async fn admit(&mut self, mut msgs: Vec<Delivered>) {
         let Some(flow) = self.flow.as_mut() else {
-            self.start_claim(msgs, jobs, pending).await;
+            self.start_claim(msgs).await;
             return;
         };
         let granted = flow.reserve(msgs.len()).await;
         if msgs.len() > granted {
             msgs.sort_by_key(|d| d.rank);
-            held.extend(msgs.drain(granted..).map(|d| {
+            self.held.extend(msgs.drain(granted..).map(|d| {
                 let at = d.arrived;
                 (d, at)
             }));
@@ -602,10 +670,10 @@ impl Producer {
         }
         let n = msgs.len();
         // Under a cap or rate limit, one claim at a time: the grants used are known at once.
-        self.start_claim(msgs, jobs, pending).await;
+        self.start_claim(msgs).await;
         let mut started = 0;
-        while let Some(done) = pending.next().await {
-            started += self.finish_claim(done, jobs).await;
+        while let Some(done) = self.pending.next().await {
+            started += self.finish_claim(done).await;
         }
         if let Some(flow) = self.flow.as_mut() {
             flow.used(n, started).await;
@@ -614,7 +682,7 @@ impl Producer {
 
     /// Naks messages that were not claimed (they come back in a second), then pauses a
     /// little, longer while the database is failing.
-    async fn hand_back(&self, msgs: impl IntoIterator<Item = Delivered>) {
+    async fn hand_back(&mut self, msgs: impl IntoIterator<Item = Delivered>) {
         for d in msgs {
             self.shared
                 .outbound

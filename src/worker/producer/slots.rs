@@ -154,7 +154,7 @@ pub(super) async fn release_unstarted(
 impl Producer {
     /// Records a claimed job in the ledger and runs it in its slot: at once when one is
     /// free; a job claimed ahead (see SHORT_JOB) takes the next one to free.
-    pub(super) async fn dispatch(&self, jobs: &TaskTracker, d: Delivered, job: Owned) {
+    pub(super) async fn dispatch(&mut self, d: Delivered, job: Owned) {
         let shared = &self.shared;
         let stored_ns = d.stored_ns;
         let control = Arc::new(AttemptControl::new(shared.pacing.stop_grace(KILL_GRACE)));
@@ -166,7 +166,7 @@ impl Producer {
         if permit.is_none() {
             self.freed.waiting.fetch_add(1, Ordering::AcqRel);
         }
-        jobs.spawn(shared.supervisor.job(run_in_slot(
+        self.jobs.spawn(shared.supervisor.job(run_in_slot(
             shared.clone(),
             attempt,
             job,
