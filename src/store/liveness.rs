@@ -49,6 +49,17 @@ fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
         .collect()
 }
 
+/// What broker-loss repair needs to know of a lane's place in the stream: a queued job
+/// whose message has a sequence at or below `gone_upto` was delivered (or purged); none
+/// above `last_seq` exists; messages stored before `created` belong to an earlier
+/// incarnation of the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamBounds {
+    pub gone_upto: u64,
+    pub last_seq: u64,
+    pub created: std::time::SystemTime,
+}
+
 impl Store {
     /// Registers (or re-registers) a worker, with the thresholds it declares.
     pub async fn worker_register(&self, w: &Registration<'_>) -> Result<()> {
@@ -145,7 +156,7 @@ impl Store {
         priority: i16,
         deadline: Duration,
         limit: i64,
-        stream: &crate::broker::StreamPosition,
+        stream: &StreamBounds,
     ) -> Result<Vec<String>> {
         let c = self.raw().await?;
         let st = c.prepare_cached(sql::JOB_REQUEUE_LOST).await?;

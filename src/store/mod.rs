@@ -26,7 +26,7 @@ pub use dashboard::{
 };
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
-pub use liveness::{Reclaimed, Registration};
+pub use liveness::{Reclaimed, Registration, StreamBounds};
 pub use messages::{UnservedRow, PUBLISH_RETRY};
 pub use ops::{format_stats, format_unserved, format_workers, QueueStats, WorkerRow};
 
