@@ -201,6 +201,20 @@ pub fn system_time(t: &async_nats::datetime::DateTime) -> SystemTime {
 pub enum BrokerError {
     #[error("NATS at {url} is unreachable: {cause}; check nats.url and that nats-server is running with JetStream (-js)")]
     Unreachable { url: String, cause: String },
+    /// The server answered and will never let this client in as configured: its
+    /// credentials, its TLS settings (a certificate not trusted, TLS not offered), its URL.
+    #[error("NATS at {url} refused the connection: {cause}; check nats.url and the credentials and TLS settings of [nats]")]
+    Refused { url: String, cause: String },
+    /// A setting of `[nats]` that cannot be used as it is (a file that cannot be read, a
+    /// seed that is not a user seed); the cause names the setting.
+    #[error("{cause}")]
+    Setting { cause: String },
+    /// The stream exists but is not what jobwarden can use (not a work queue).
+    #[error("stream {stream}: {cause}")]
+    WrongStream { stream: String, cause: String },
+    /// Another consumer of the work-queue stream filters the same subject.
+    #[error("consumer {consumer}: {cause}")]
+    ConsumerConflict { consumer: String, cause: String },
     #[error("JetStream is not enabled on the NATS server at {url} ({cause}); start nats-server with -js")]
     NoJetStream { url: String, cause: String },
     #[error("stream {stream}: {cause}")]
@@ -222,6 +236,43 @@ pub enum BrokerError {
     /// existed, or written by hand): it can never be published.
     #[error("job {id} cannot be published: {reason}")]
     Unpublishable { id: String, reason: String },
+}
+
+impl BrokerError {
+    /// No wait can cure it: the configuration or the server's settings must change first.
+    /// Decided by the variant, which the connection and provisioning code choose from the
+    /// client's error kinds and JetStream's error codes (never from the text).
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            BrokerError::Refused { .. }
+                | BrokerError::Setting { .. }
+                | BrokerError::WrongStream { .. }
+                | BrokerError::ConsumerConflict { .. }
+        )
+    }
+}
+
+/// Whether a connection failed for a reason no retry cures: the server refused the
+/// credentials, TLS cannot be set up, the URL does not parse, or the server's certificate
+/// was rejected (a rustls error inside the I/O error of the handshake).
+fn connect_refused(e: &async_nats::ConnectError) -> bool {
+    use async_nats::ConnectErrorKind as K;
+    match e.kind() {
+        K::Authentication | K::AuthorizationViolation | K::Tls | K::ServerParse => true,
+        K::Io => crate::causes::tls_refused(e),
+        K::Dns | K::TimedOut | K::MaxReconnects => false,
+    }
+}
+
+/// JetStream refused a consumer because another one filters the same subject of the
+/// work-queue stream (error code 10100).
+fn not_unique(e: &async_nats::jetstream::stream::ConsumerError) -> bool {
+    matches!(
+        e.kind(),
+        async_nats::jetstream::stream::ConsumerErrorKind::JetStream(j)
+            if j.error_code() == async_nats::jetstream::ErrorCode::CONSUMER_WQ_CONSUMER_NOT_UNIQUE
+    )
 }
 
 /// Runs one server call, giving up after [`BROKER_CALL_LIMIT`].
@@ -331,17 +382,17 @@ impl Broker {
         let opts = auth_options(cfg, opts, &mut secrets).await;
         // The seeds read too are hidden from the process's log from now on.
         crate::redact::remember(&secrets);
-        let opts = opts.map_err(|cause| BrokerError::Unreachable {
-            url: redacted.clone(),
+        let opts = opts.map_err(|cause| BrokerError::Setting {
             cause: secrets.scrub(&cause).into_owned(),
         })?;
-        let client =
-            opts.connect(cfg.url.as_str())
-                .await
-                .map_err(|e| BrokerError::Unreachable {
-                    url: redacted.clone(),
-                    cause: secrets.scrub(&e.to_string()).into_owned(),
-                })?;
+        let client = opts.connect(cfg.url.as_str()).await.map_err(|e| {
+            let (url, cause) = (redacted.clone(), secrets.scrub(&e.to_string()).into_owned());
+            if connect_refused(&e) {
+                BrokerError::Refused { url, cause }
+            } else {
+                BrokerError::Unreachable { url, cause }
+            }
+        })?;
         let js = jetstream::new(client.clone());
         // Ask the JetStream API directly: async-nats' typed account query does not parse
         // 2.9's answer, and all we need is "JetStream answers".
@@ -469,11 +520,14 @@ impl Broker {
                 let info = s.info().await.map_err(|e| err(e.to_string()))?;
                 let mut config = info.config.clone();
                 if config.retention != stream::RetentionPolicy::WorkQueue {
-                    return Err(err(format!(
-                        "exists with retention {:?}; jobwarden needs a work-queue stream: \
-                         delete it or set nats.stream to another name",
-                        config.retention
-                    )));
+                    return Err(BrokerError::WrongStream {
+                        stream: name.clone(),
+                        cause: format!(
+                            "exists with retention {:?}; jobwarden needs a work-queue stream: \
+                             delete it or set nats.stream to another name",
+                            config.retention
+                        ),
+                    });
                 }
                 let mut changed = false;
                 if !config.subjects.contains(&subjects) {
@@ -532,13 +586,16 @@ impl Broker {
         };
         match stream.create_consumer(config.clone()).await {
             Ok(c) => return Ok(c),
-            Err(e) if e.to_string().contains("not unique") => {
+            Err(e) if not_unique(&e) => {
                 let cleared = self.clear_janitor_consumers(&stream, &subject).await;
                 if cleared == 0 {
-                    return Err(err(format!(
-                        "{e}; another consumer on the stream filters {subject}: remove it \
-                         (work-queue streams allow one consumer per subject)"
-                    )));
+                    return Err(BrokerError::ConsumerConflict {
+                        consumer: name.clone(),
+                        cause: format!(
+                            "{e}; another consumer on the stream filters {subject}: remove it \
+                             (work-queue streams allow one consumer per subject)"
+                        ),
+                    });
                 }
             }
             Err(e) => return Err(err(e.to_string())),

@@ -7,7 +7,7 @@
 
 use crate::broker::Broker;
 use crate::job::{Envelope, JobStatus, NewJob, DEFAULT_PRIORITY};
-use crate::store::{Enqueued, Store};
+use crate::store::{in_schema, sql, Enqueued, Store};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -50,59 +50,9 @@ pub struct EnqueueOptions {
     pub then: Vec<Then>,
 }
 
-/// A job to create when its parent completes: the `then` of an enqueue.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Then {
-    pub queue: String,
-    pub payload: Value,
-    /// Default: `<parent id>.<n>` (n from 1), so it is created once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<i16>,
-    /// Default 5 (as SQL `enqueue()`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_attempts: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    /// Wait this long after the parent completed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delay_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backoff: Option<crate::backoff::Backoff>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub then: Vec<Then>,
-}
-
-impl Then {
-    pub fn new(queue: &str, payload: Value) -> Then {
-        Then {
-            queue: queue.to_string(),
-            payload,
-            ..Then::default()
-        }
-    }
-
-    /// Adds a job to run after this one.
-    pub fn then(mut self, next: Then) -> Then {
-        self.then.push(next);
-        self
-    }
-}
-
-/// Checks `then` specs (recursively) by the job contract ([`crate::contract`]), as SQL
-/// `enqueue()` and the workers' decoder do, so an enqueue is refused before anything is
-/// stored.
-pub fn check_then(specs: &[Then]) -> Result<(), crate::contract::Refused> {
-    let then = serde_json::to_value(specs).expect("then specs serialise");
-    let mut wrapper = serde_json::Map::new();
-    wrapper.insert("payload".into(), Value::Object(Default::default()));
-    wrapper.insert("then".into(), then);
-    crate::contract::check_spec(&wrapper, crate::contract::Door::Message, None).map(|_| ())
-}
+/// The `then` of an enqueue and its check are part of the job's wire format: they live
+/// with the envelope in [`crate::job`].
+pub use crate::job::{check_then, Then};
 
 #[derive(Clone)]
 pub struct Client {
@@ -244,13 +194,7 @@ impl Client {
         opts: EnqueueOptions,
     ) -> Result<String, ClientError> {
         let (new, _envelope, max_attempts) = self.prepare(queue, payload, &opts)?;
-        let sql = format!(
-            "SELECT \"{}\".enqueue(queue => $1, payload => $2, priority => $3::int2::int4, \
-             run_at => now() + $4::int8 * interval '1 millisecond', max_attempts => $5, \
-             idempotency_key => $6, id => $7, timeout_ms => $8, backoff => $9, \
-             depends_on => $10, then_jobs => $11)",
-            self.store.schema()
-        );
+        let sql = in_schema(sql::CLIENT_ENQUEUE, self.store.schema());
         let delay_ms = opts.delay.unwrap_or_default().as_millis() as i64;
         let (timeout_ms, backoff) = (new.timeout_ms(), new.backoff_json());
         let depends_on = (!opts.depends_on.is_empty()).then_some(&opts.depends_on);
@@ -311,11 +255,7 @@ impl Client {
             // A row created by this transaction has created_at = now() (its start).
             let row = tx
                 .query_one(
-                    &format!(
-                        "SELECT status, generation, created_at = now() FROM \"{}\".jobs \
-                         WHERE id = $1",
-                        self.store.schema()
-                    ),
+                    &in_schema(sql::CLIENT_ENQUEUED, self.store.schema()),
                     &[&id],
                 )
                 .await

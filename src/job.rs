@@ -116,7 +116,7 @@ pub struct NewJob {
     pub run_at_ms: Option<i64>,
     /// Overrides the queue's backoff for this job.
     pub backoff: Option<crate::backoff::Backoff>,
-    /// Jobs to create when this one completes (checked specs, see [`crate::client::Then`]).
+    /// Jobs to create when this one completes (checked specs, see [`Then`]).
     pub then: Option<Value>,
 }
 
@@ -303,6 +303,60 @@ pub fn decode(
 /// would fail at insert time, so we reject it here with a clear reason instead.
 pub fn check_storable(payload: &Value) -> Result<(), InvalidMessage> {
     Ok(crate::contract::check_payload(payload, "payload", None)?)
+}
+
+/// A job to create when its parent completes: the `then` of an enqueue.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Then {
+    pub queue: String,
+    pub payload: Value,
+    /// Default: `<parent id>.<n>` (n from 1), so it is created once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i16>,
+    /// Default 5 (as SQL `enqueue()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Wait this long after the parent completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<crate::backoff::Backoff>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<Then>,
+}
+
+impl Then {
+    pub fn new(queue: &str, payload: Value) -> Then {
+        Then {
+            queue: queue.to_string(),
+            payload,
+            ..Then::default()
+        }
+    }
+
+    /// Adds a job to run after this one.
+    pub fn then(mut self, next: Then) -> Then {
+        self.then.push(next);
+        self
+    }
+}
+
+/// Checks `then` specs (recursively) by the job contract ([`crate::contract`]), as SQL
+/// `enqueue()` and the workers' decoder do, so an enqueue is refused before anything is
+/// stored.
+pub fn check_then(specs: &[Then]) -> Result<(), crate::contract::Refused> {
+    let then = serde_json::to_value(specs).expect("then specs serialise");
+    let mut wrapper = serde_json::Map::new();
+    wrapper.insert("payload".into(), Value::Object(Default::default()));
+    wrapper.insert("then".into(), then);
+    crate::contract::check_spec(&wrapper, crate::contract::Door::Message, None).map(|_| ())
 }
 
 #[cfg(test)]

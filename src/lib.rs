@@ -11,6 +11,7 @@
 
 pub mod backoff;
 pub mod broker;
+pub mod causes;
 pub mod client;
 pub mod config;
 pub mod contract;

@@ -754,8 +754,9 @@ async fn a_message_that_cannot_become_a_dead_job_is_kept_as_poison_and_counted()
 async fn every_statement_prepares_against_the_migrated_schema_and_migrate_is_idempotent() {
     let env = TestEnv::new(RUST_QUEUE).await;
     let c = env.store.raw().await.unwrap();
+    let schema = env.store.schema();
     for (name, sql) in jobwarden::store::ALL_SQL {
-        c.prepare(sql)
+        c.prepare(&jobwarden::store::in_schema(sql, schema))
             .await
             .unwrap_or_else(|e| panic!("{name}.sql does not prepare: {e}"));
     }

@@ -2,6 +2,7 @@
 //! safety net that finds ended parents nobody marked (`chain_recheck.sql`), and a pipeline's
 //! jobs (`pipeline_jobs.sql`).
 
+use super::sql;
 use super::{Result, Store};
 
 /// What one chain round did.
@@ -57,9 +58,7 @@ impl Store {
     /// `chain_resolve.sql`).
     pub async fn chain_resolve(&self, limit: i64, only: Option<&str>) -> Result<ChainRound> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/chain_resolve.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::CHAIN_RESOLVE).await?;
         let r = c.query_one(&st, &[&limit, &only]).await?;
         let ids: Vec<String> = r.get(3);
         let queues: Vec<String> = r.get(4);
@@ -80,9 +79,7 @@ impl Store {
     /// Jobs whose dependents wait to be resolved, at most `limit`.
     pub async fn chain_pending_ids(&self, limit: i64) -> Result<Vec<String>> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/chain_pending_ids.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::CHAIN_PENDING_IDS).await?;
         Ok(c.query(&st, &[&limit])
             .await?
             .into_iter()
@@ -93,18 +90,14 @@ impl Store {
     /// Drops job `id`'s `then` specs, which cannot be created (`why`); true if it had some.
     pub async fn chain_drop_then(&self, id: &str, why: &str) -> Result<bool> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/chain_drop_then.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::CHAIN_DROP_THEN).await?;
         Ok(c.execute(&st, &[&id, &why]).await? > 0)
     }
 
     /// Stops trying to resolve job `id`'s dependents (`why`).
     pub async fn chain_give_up(&self, id: &str, why: &str) -> Result<()> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/chain_give_up.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::CHAIN_GIVE_UP).await?;
         c.execute(&st, &[&id, &why]).await?;
         Ok(())
     }
@@ -113,9 +106,7 @@ impl Store {
     /// parent that was retried since back to waiting; returns how many rows it changed.
     pub async fn chain_recheck(&self) -> Result<i64> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/chain_recheck.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::CHAIN_RECHECK).await?;
         Ok(c.query_one(&st, &[]).await?.get(0))
     }
 
@@ -124,14 +115,10 @@ impl Store {
     pub async fn pipeline_cancel(&self, id: &str) -> Result<Vec<String>> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let drop_then = tx
-            .prepare_cached(include_str!("sql/pipeline_cancel_then.sql"))
-            .await?;
+        let drop_then = tx.prepare_cached(sql::PIPELINE_CANCEL_THEN).await?;
         tx.execute(&drop_then, &[&id]).await?;
         // A new statement, a new snapshot: jobs a round created meanwhile are seen.
-        let st = tx
-            .prepare_cached(include_str!("sql/pipeline_cancel.sql"))
-            .await?;
+        let st = tx.prepare_cached(sql::PIPELINE_CANCEL).await?;
         let rows = tx.query(&st, &[&id]).await?;
         tx.commit().await?;
         let mut ids: Vec<String> = rows.into_iter().map(|r| r.get(0)).collect();
@@ -143,9 +130,7 @@ impl Store {
     /// job does not exist.
     pub async fn pipeline_jobs(&self, id: &str) -> Result<Vec<PipelineJob>> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/pipeline_jobs.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::PIPELINE_JOBS).await?;
         let all = i64::MAX;
         Ok(c.query(&st, &[&id, &None::<i64>, &"", &all])
             .await?

@@ -1,6 +1,6 @@
 //! Cron fires (`cron_state`, migration V6): one transaction per schedule and tick.
 
-use super::{Result, Store};
+use super::{sql, Result, Store};
 use crate::cron::{self, Schedule};
 use chrono::{DateTime, TimeZone, Utc};
 
@@ -19,21 +19,8 @@ impl Store {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         // First sight of a schedule: it fires from now on (nothing before it existed).
-        tx.execute(
-            "INSERT INTO cron_state (name, last_fire_at) VALUES ($1, now()) \
-             ON CONFLICT (name) DO NOTHING",
-            &[&s.name],
-        )
-        .await?;
-        let Some(row) = tx
-            .query_opt(
-                "SELECT (extract(epoch FROM last_fire_at) * 1000)::int8, \
-                        (extract(epoch FROM now()) * 1000)::int8 \
-                 FROM cron_state WHERE name = $1 FOR UPDATE SKIP LOCKED",
-                &[&s.name],
-            )
-            .await?
-        else {
+        tx.execute(sql::CRON_FIRST_SIGHT, &[&s.name]).await?;
+        let Some(row) = tx.query_opt(sql::CRON_LOCK, &[&s.name]).await? else {
             return Ok(Vec::new()); // another worker holds it this moment
         };
         let (last, now) = (at_ms(row.get(0)), at_ms(row.get(1)));
@@ -49,8 +36,7 @@ impl Store {
             let id = cron::fire_id(&s.name, at);
             let got: String = tx
                 .query_one(
-                    "SELECT enqueue($1, $2, $3::int2::int4, \
-                     run_at => to_timestamp($4::float8 / 1000), id => $5)",
+                    sql::CRON_ENQUEUE,
                     &[
                         &c.queue,
                         &c.payload,
@@ -64,8 +50,7 @@ impl Store {
             ids.push(got);
         }
         tx.execute(
-            "UPDATE cron_state SET last_fire_at = to_timestamp($2::float8 / 1000), \
-             updated_at = now() WHERE name = $1",
+            sql::CRON_FIRED,
             &[&s.name, &(newest.timestamp_millis() as f64)],
         )
         .await?;
@@ -76,12 +61,7 @@ impl Store {
     /// When each schedule last fired (for `jobwarden cron list`).
     pub async fn cron_last_fires(&self) -> Result<Vec<(String, DateTime<Utc>)>> {
         let c = self.client().await?;
-        let rows = c
-            .query(
-                "SELECT name, (extract(epoch FROM last_fire_at) * 1000)::int8 FROM cron_state",
-                &[],
-            )
-            .await?;
+        let rows = c.query(sql::CRON_LAST_FIRES, &[]).await?;
         Ok(rows.iter().map(|r| (r.get(0), at_ms(r.get(1)))).collect())
     }
 }

@@ -3,6 +3,7 @@
 //! take longer (a text search in ids and errors that matches nothing walks the whole table;
 //! a lock held by a migration) is stopped and said to be too slow, never waited for.
 
+use super::sql;
 use super::{AttemptRow, PipelineJob, Result, Store, StoreError, WorkerRow};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -115,11 +116,8 @@ impl Store {
     ) -> Result<Bounded<Vec<Row>>> {
         let mut c = self.ops().await?;
         let tx = c.transaction().await?;
-        tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = {}",
-            DASHBOARD_QUERY_LIMIT.as_millis()
-        ))
-        .await?;
+        let limit = DASHBOARD_QUERY_LIMIT.as_millis().to_string();
+        tx.execute(sql::STATEMENT_TIMEOUT_LOCAL, &[&limit]).await?;
         match tx.query(sql, params).await {
             Ok(rows) => {
                 tx.commit().await?;
@@ -138,10 +136,7 @@ impl Store {
         limit: i64,
     ) -> Result<Bounded<Vec<QueueOverview>>> {
         let rows = self
-            .bounded_query(
-                include_str!("sql/dashboard_overview.sql"),
-                &[&after, &limit],
-            )
+            .bounded_query(sql::DASHBOARD_OVERVIEW, &[&after, &limit])
             .await?;
         Ok(rows.map(|rows| {
             rows.into_iter()
@@ -170,7 +165,7 @@ impl Store {
         let after = f.after.clone().unwrap_or_default();
         let rows = self
             .bounded_query(
-                include_str!("sql/dashboard_jobs.sql"),
+                sql::DASHBOARD_JOBS,
                 &[&f.queue, &f.status, &f.text, &after, &limit],
             )
             .await?;
@@ -199,10 +194,7 @@ impl Store {
     ) -> Result<Bounded<Vec<ScheduledJob>>> {
         let (us, id) = (after.map(|a| a.0), after.map_or("", |a| a.1));
         let rows = self
-            .bounded_query(
-                include_str!("sql/dashboard_scheduled.sql"),
-                &[&us, &id, &limit],
-            )
+            .bounded_query(sql::DASHBOARD_SCHEDULED, &[&us, &id, &limit])
             .await?;
         Ok(rows.map(|rows| {
             rows.into_iter()
@@ -227,7 +219,7 @@ impl Store {
         limit: i64,
     ) -> Result<Bounded<Vec<WorkerRow>>> {
         let rows = self
-            .bounded_query(include_str!("sql/dashboard_workers.sql"), &[&after, &limit])
+            .bounded_query(sql::DASHBOARD_WORKERS, &[&after, &limit])
             .await?;
         Ok(rows.map(|rows| rows.into_iter().map(WorkerRow::from).collect()))
     }
@@ -241,10 +233,7 @@ impl Store {
         limit: i64,
     ) -> Result<Bounded<Vec<(i64, AttemptRow)>>> {
         let rows = self
-            .bounded_query(
-                include_str!("sql/dashboard_attempts.sql"),
-                &[&job_id, &after, &limit],
-            )
+            .bounded_query(sql::DASHBOARD_ATTEMPTS, &[&job_id, &after, &limit])
             .await?;
         Ok(rows.map(|rows| {
             rows.into_iter()
@@ -276,10 +265,7 @@ impl Store {
     ) -> Result<Bounded<Vec<(i64, PipelineJob)>>> {
         let (us, after_id) = (after.map(|a| a.0), after.map_or("", |a| a.1));
         let rows = self
-            .bounded_query(
-                include_str!("sql/pipeline_jobs.sql"),
-                &[&id, &us, &after_id, &limit],
-            )
+            .bounded_query(sql::PIPELINE_JOBS, &[&id, &us, &after_id, &limit])
             .await?;
         Ok(rows.map(|rows| {
             rows.iter()
@@ -291,7 +277,7 @@ impl Store {
     /// How many jobs of the pipeline of job `id` are in each status.
     pub async fn dashboard_pipeline_counts(&self, id: &str) -> Result<Bounded<Vec<(String, i64)>>> {
         let rows = self
-            .bounded_query(include_str!("sql/dashboard_pipeline_counts.sql"), &[&id])
+            .bounded_query(sql::DASHBOARD_PIPELINE_COUNTS, &[&id])
             .await?;
         Ok(rows.map(|rows| rows.into_iter().map(|r| (r.get(0), r.get(1))).collect()))
     }
@@ -302,7 +288,7 @@ impl Store {
         names: &[&str],
     ) -> Result<Bounded<Vec<(String, DateTime<Utc>)>>> {
         let rows = self
-            .bounded_query(include_str!("sql/dashboard_cron_fires.sql"), &[&names])
+            .bounded_query(sql::DASHBOARD_CRON_FIRES, &[&names])
             .await?;
         Ok(rows.map(|rows| {
             rows.into_iter()

@@ -3,6 +3,7 @@
 //! its claim runs the jobs (or gives back the ones it did not use), and done when the jobs
 //! end.
 
+use super::sql;
 use super::{Result, Store};
 use std::time::Duration;
 
@@ -25,9 +26,7 @@ impl Store {
         rate: Option<(u32, Duration)>,
     ) -> Result<Grant> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached("SELECT granted, retry_in_ms FROM flow_acquire($1, $2, $3, $4, $5, $6)")
-            .await?;
+        let st = c.prepare_cached(sql::FLOW_ACQUIRE).await?;
         let want = want.min(i32::MAX as usize) as i32;
         let cap = cap.map(|c| c as i32);
         let rate_n = rate.map(|(n, _)| n as i32);
@@ -50,9 +49,7 @@ impl Store {
         unused: usize,
     ) -> Result<()> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/flow_started.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::FLOW_STARTED).await?;
         c.execute(
             &st,
             &[&queue, &worker_id, &(started as i64), &(unused as i64)],
@@ -71,7 +68,7 @@ impl Store {
         rate_limited: bool,
     ) -> Result<()> {
         let c = self.client().await?;
-        let st = c.prepare_cached(include_str!("sql/flow_done.sql")).await?;
+        let st = c.prepare_cached(sql::FLOW_DONE).await?;
         c.execute(&st, &[&queue, &worker_id, &(n as i64), &rate_limited])
             .await?;
         Ok(())

@@ -1,6 +1,7 @@
 //! Read-only queries for operators: `jobwarden jobs show` and `jobs list`. Timestamps are
 //! rendered by PostgreSQL (UTC, ISO 8601) so the output matches what `psql` shows.
 
+use super::sql;
 use super::{Result, Store};
 use serde::Serialize;
 use serde_json::Value;
@@ -46,17 +47,7 @@ pub struct AttemptRow {
     pub error: Option<String>,
 }
 
-const TS: &str = "YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"";
-
-/// The columns `job_row` reads, in order.
-const JOB_COLUMNS: &str = "id, queue, status, priority, attempts, max_attempts, worker_id, lease,
-    stage, progress, message, last_error, payload, result, idempotency_key,
-    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    to_char(scheduled_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    to_char(last_activity_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), pipeline";
-
+/// A row of `job_get.sql`, `job_list.sql` or `dead_list.sql` (the same columns, in order).
 fn job_row(r: tokio_postgres::Row) -> JobRow {
     JobRow {
         id: r.get(0),
@@ -86,18 +77,12 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
 impl Store {
     pub async fn job_get(&self, id: &str) -> Result<Option<JobRow>> {
         let c = self.ops().await?;
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
-        Ok(c.query_opt(&sql, &[&id]).await?.map(job_row))
+        Ok(c.query_opt(sql::JOB_GET, &[&id]).await?.map(job_row))
     }
 
     pub async fn job_attempts(&self, id: &str) -> Result<Vec<AttemptRow>> {
         let c = self.ops().await?;
-        let sql = format!(
-            "SELECT attempt, lease, worker_id, to_char(started_at AT TIME ZONE 'UTC', '{TS}'),
-                    (extract(epoch FROM finished_at - started_at) * 1000)::int8, outcome, error
-             FROM job_attempts WHERE job_id = $1 ORDER BY finished_at, id"
-        );
-        let rows = c.query(&sql, &[&id]).await?;
+        let rows = c.query(sql::JOB_ATTEMPTS, &[&id]).await?;
         Ok(rows
             .into_iter()
             .map(|r| AttemptRow {
@@ -115,10 +100,7 @@ impl Store {
     /// What job `id` waits for, in words (`None`: no such job).
     pub async fn job_explain(&self, id: &str) -> Result<Option<String>> {
         let c = self.ops().await?;
-        let Some(r) = c
-            .query_opt(include_str!("sql/job_explain.sql"), &[&id])
-            .await?
-        else {
+        let Some(r) = c.query_opt(sql::JOB_EXPLAIN, &[&id]).await? else {
             return Ok(None);
         };
         Ok(Some(explain(&Waiting {
@@ -146,48 +128,23 @@ impl Store {
         status: Option<&str>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
-        self.jobs_ordered(queue, status, limit, "created_at DESC, id")
-            .await
+        let c = self.ops().await?;
+        let rows = c.query(sql::JOB_LIST, &[&queue, &status, &limit]).await?;
+        Ok(rows.into_iter().map(job_row).collect())
     }
 
     /// The dead-letter queue: dead jobs, the most recently dead first (a job enqueued days
     /// ago that used up its retries just now is on top).
     pub async fn dead_list(&self, queue: Option<&str>, limit: i64) -> Result<Vec<JobRow>> {
-        self.jobs_ordered(
-            queue,
-            Some("dead"),
-            limit,
-            "completed_at DESC NULLS LAST, id",
-        )
-        .await
-    }
-
-    async fn jobs_ordered(
-        &self,
-        queue: Option<&str>,
-        status: Option<&str>,
-        limit: i64,
-        order: &'static str,
-    ) -> Result<Vec<JobRow>> {
         let c = self.ops().await?;
-        let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM jobs
-             WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR status = $2)
-             ORDER BY {order} LIMIT $3"
-        );
-        let rows = c.query(&sql, &[&queue, &status, &limit]).await?;
+        let rows = c.query(sql::DEAD_LIST, &[&queue, &limit]).await?;
         Ok(rows.into_iter().map(job_row).collect())
     }
 
     /// Count of jobs per (queue, status), for the demo and tests.
     pub async fn job_counts(&self) -> Result<Vec<(String, String, i64)>> {
         let c = self.ops().await?;
-        let rows = c
-            .query(
-                "SELECT queue, status, count(*) FROM jobs GROUP BY 1, 2 ORDER BY 1, 2",
-                &[],
-            )
-            .await?;
+        let rows = c.query(sql::JOB_COUNTS, &[]).await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
@@ -315,5 +272,22 @@ mod tests {
             "{}",
             explain(&limited)
         );
+    }
+
+    /// `job_row` reads the columns of three statements by position: they must list the same.
+    #[test]
+    fn the_statements_job_row_reads_list_the_same_columns() {
+        let columns = |sql: &str| {
+            let from = sql.find("SELECT ").expect("a SELECT");
+            let to = sql.find("FROM jobs").expect("FROM jobs");
+            sql[from..to]
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let get = columns(crate::store::sql::JOB_GET);
+        assert!(get.ends_with("pipeline"), "{get}");
+        assert_eq!(columns(crate::store::sql::JOB_LIST), get);
+        assert_eq!(columns(crate::store::sql::DEAD_LIST), get);
     }
 }

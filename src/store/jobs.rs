@@ -1,6 +1,7 @@
 //! The hot path: claim a batch of delivered messages, record progress, settle finished
 //! attempts. One statement per batch, every write after the claim fenced by owner and lease.
 
+use super::sql;
 use super::{Claim, ClaimAnswer, ClaimInput, Result, SettleInput, Store, StoreError};
 use crate::job::JobStatus;
 use serde_json::Value;
@@ -121,7 +122,7 @@ impl Store {
         stale_after: Duration,
         batch: &[ClaimInput],
     ) -> Result<ClaimAnswer> {
-        let sql = super::JOB_CLAIM_SQL;
+        let sql = sql::JOB_CLAIM;
         let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
         let mut claims = vec![Claim::Duplicate; batch.len()];
         let mut alive = true;
@@ -146,7 +147,7 @@ impl Store {
         stale_after: Duration,
         batch: &[ClaimInput],
     ) -> Result<Vec<Option<Claim>>> {
-        let sql = super::JOB_CLAIM_NEW_SQL;
+        let sql = sql::JOB_CLAIM_NEW;
         let rows = match self.claim_rows(sql, worker_id, stale_after, batch).await {
             // An id or idempotency key exists already: nothing was inserted.
             Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
@@ -225,9 +226,7 @@ impl Store {
         let client = self.client().await?;
         let rows = if batch.iter().all(SettleInput::is_plain_completion) {
             // The common case, in a statement of its own (fewer columns, no attempt log).
-            let st = client
-                .prepare_cached(super::JOB_SETTLE_COMPLETED_SQL)
-                .await?;
+            let st = client.prepare_cached(sql::JOB_SETTLE_COMPLETED).await?;
             client
                 .query(&st, &[&worker_id, &ids, &leases, &results])
                 .await?
@@ -237,7 +236,7 @@ impl Store {
             let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
             let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
             let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
-            let st = client.prepare_cached(super::JOB_SETTLE_SQL).await?;
+            let st = client.prepare_cached(sql::JOB_SETTLE).await?;
             client
                 .query(
                     &st,
@@ -261,10 +260,7 @@ impl Store {
             let ids: Vec<&str> = late.iter().map(|s| s.id.as_str()).collect();
             let leases: Vec<i64> = late.iter().map(|s| s.lease).collect();
             let outcomes: Vec<&str> = late.iter().map(|s| s.outcome).collect();
-            let recorded = match client
-                .prepare_cached(include_str!("sql/job_settle_late.sql"))
-                .await
-            {
+            let recorded = match client.prepare_cached(sql::JOB_SETTLE_LATE).await {
                 Ok(st) => client
                     .execute(&st, &[&worker_id, &ids, &leases, &outcomes])
                     .await
@@ -290,9 +286,7 @@ impl Store {
         let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
         let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_settled_check.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_SETTLED_CHECK).await?;
         let rows = client
             .query(&st, &[&worker_id, &ids, &leases, &statuses])
             .await?;
@@ -313,9 +307,7 @@ impl Store {
         message: Option<&str>,
     ) -> Result<()> {
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_progress.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_PROGRESS).await?;
         let stale = ms(stale_after);
         let n = client
             .execute(

@@ -4,6 +4,7 @@
 //! reclaim records its reason in `job_attempts`.
 
 use super::jobs::ms;
+use super::sql;
 use super::{Result, Store};
 use crate::job::JobStatus;
 use crate::liveness::Incarnation;
@@ -48,13 +49,22 @@ fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
         .collect()
 }
 
+/// What broker-loss repair needs to know of a lane's place in the stream: a queued job
+/// whose message has a sequence at or below `gone_upto` was delivered (or purged); none
+/// above `last_seq` exists; messages stored before `created` belong to an earlier
+/// incarnation of the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamBounds {
+    pub gone_upto: u64,
+    pub last_seq: u64,
+    pub created: std::time::SystemTime,
+}
+
 impl Store {
     /// Registers (or re-registers) a worker, with the thresholds it declares.
     pub async fn worker_register(&self, w: &Registration<'_>) -> Result<()> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/worker_register.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::WORKER_REGISTER).await?;
         let version = env!("CARGO_PKG_VERSION");
         c.execute(
             &st,
@@ -80,9 +90,7 @@ impl Store {
     /// heartbeat (measured on its own clock).
     pub async fn worker_beat(&self, id: &str) -> Result<Option<Duration>> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/worker_beat.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::WORKER_BEAT).await?;
         Ok(c.query_opt(&st, &[&id])
             .await?
             .map(|r| Duration::from_secs_f64(r.get::<_, f64>(0).max(0.0))))
@@ -90,9 +98,7 @@ impl Store {
 
     pub async fn worker_stop(&self, id: &str, reason: &str) -> Result<()> {
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/worker_stop.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::WORKER_STOP).await?;
         c.execute(&st, &[&id, &reason]).await?;
         Ok(())
     }
@@ -101,9 +107,7 @@ impl Store {
     /// their jobs.
     pub async fn job_reclaim_dead_owners(&self, limit: i64) -> Result<Vec<Reclaimed>> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_reclaim_dead_owners.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::JOB_RECLAIM_DEAD_OWNERS).await?;
         Ok(reclaimed(c.query(&st, &[&limit]).await?))
     }
 
@@ -114,9 +118,7 @@ impl Store {
         reason: &str,
     ) -> Result<Vec<Reclaimed>> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_reclaim_owners.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::JOB_RECLAIM_OWNERS).await?;
         Ok(reclaimed(c.query(&st, &[&owners, &reason]).await?))
     }
 
@@ -128,9 +130,7 @@ impl Store {
         fallback: Duration,
     ) -> Result<Vec<Reclaimed>> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_reclaim_stale.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::JOB_RECLAIM_STALE).await?;
         Ok(reclaimed(c.query(&st, &[&limit, &ms(fallback)]).await?))
     }
 
@@ -144,9 +144,7 @@ impl Store {
         let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
         let leases: Vec<i64> = jobs.iter().map(|(_, l)| *l).collect();
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_reclaim_mine.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::JOB_RECLAIM_MINE).await?;
         Ok(reclaimed(c.query(&st, &[&worker_id, &ids, &leases]).await?))
     }
 
@@ -158,12 +156,10 @@ impl Store {
         priority: i16,
         deadline: Duration,
         limit: i64,
-        stream: &crate::broker::StreamPosition,
+        stream: &StreamBounds,
     ) -> Result<Vec<String>> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_requeue_lost.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::JOB_REQUEUE_LOST).await?;
         let gone_upto = stream.gone_upto as i64;
         let last = stream.last_seq as i64;
         let rows = c
@@ -186,7 +182,7 @@ impl Store {
     /// The jobs the database says `worker_id` owns, with their leases.
     pub async fn jobs_owned(&self, worker_id: &str) -> Result<Vec<(String, i64)>> {
         let c = self.raw().await?;
-        let st = c.prepare_cached(include_str!("sql/jobs_owned.sql")).await?;
+        let st = c.prepare_cached(sql::JOBS_OWNED).await?;
         let rows = c.query(&st, &[&worker_id]).await?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
@@ -194,9 +190,7 @@ impl Store {
     /// Other registered, not stopped, incarnations of `hostname`.
     pub async fn workers_on_host(&self, hostname: &str, me: &str) -> Result<Vec<Incarnation>> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/workers_on_host.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::WORKERS_ON_HOST).await?;
         let rows = c.query(&st, &[&hostname, &me]).await?;
         Ok(rows
             .into_iter()

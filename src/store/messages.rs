@@ -3,6 +3,7 @@
 //! from the stream after their fetcher died, and messages of queues no pod serves.
 
 use super::jobs::{ms, Columns};
+use super::sql;
 use super::{ClaimInput, DueJob, DueRound, Enqueued, PublishReport, Result, Store, StoreError};
 use crate::job::{JobStatus, NewJob};
 use serde_json::Value;
@@ -39,9 +40,7 @@ impl Store {
         let payloads: Vec<&Value> = items.iter().map(|i| &i.2).collect();
         let reasons: Vec<&str> = items.iter().map(|i| i.3.as_str()).collect();
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_dead_invalid.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_DEAD_INVALID).await?;
         let rows = client
             .query(&st, &[&worker_id, &ids, &queues, &payloads, &reasons])
             .await?;
@@ -57,9 +56,7 @@ impl Store {
         body: &[u8],
     ) -> Result<()> {
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/poison_insert.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::POISON_INSERT).await?;
         let kept = &body[..body.len().min(64 * 1024)];
         client
             .execute(
@@ -86,9 +83,7 @@ impl Store {
         delay: Duration,
     ) -> Result<Enqueued> {
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_insert.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_INSERT).await?;
         let (timeout_ms, backoff) = (job.timeout_ms(), job.backoff_json());
         let row = client
             .query_opt(
@@ -119,9 +114,7 @@ impl Store {
         // The id or the (queue, idempotency key) is taken: the job that holds it.
         let existing = client
             .query_opt(
-                "SELECT id, status, generation, payload = $4 FROM jobs \
-                 WHERE id = $1 OR (queue = $2 AND idempotency_key = $3) \
-                 ORDER BY (id = $1) DESC LIMIT 1",
+                sql::JOB_ENQUEUE_HOLDER,
                 &[&job.id, &job.queue, &job.idempotency_key, &job.payload],
             )
             .await?
@@ -139,9 +132,7 @@ impl Store {
     /// Remembers the stream sequence of a job's confirmed publish (see `job_published.sql`).
     pub async fn job_published(&self, id: &str, generation: i32, seq: u64) -> Result<()> {
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_published.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_PUBLISHED).await?;
         client
             .execute(&st, &[&id, &generation, &(seq as i64)])
             .await?;
@@ -159,15 +150,9 @@ impl Store {
         Fut: std::future::Future<Output = PublishReport>,
     {
         let mut client = self.client().await?;
-        let lock = client
-            .prepare_cached(include_str!("sql/job_due_lock.sql"))
-            .await?;
-        let mark = client
-            .prepare_cached(include_str!("sql/job_due_published.sql"))
-            .await?;
-        let dead = client
-            .prepare_cached(include_str!("sql/job_dead_unpublishable.sql"))
-            .await?;
+        let lock = client.prepare_cached(sql::JOB_DUE_LOCK).await?;
+        let mark = client.prepare_cached(sql::JOB_DUE_PUBLISHED).await?;
+        let dead = client.prepare_cached(sql::JOB_DEAD_UNPUBLISHABLE).await?;
         let tx = client.transaction().await?;
         let rows = tx.query(&lock, &[&limit]).await?;
         if rows.is_empty() {
@@ -231,9 +216,7 @@ impl Store {
     pub async fn job_adopt(&self, batch: &[ClaimInput]) -> Result<Vec<String>> {
         let cols = Columns::of(batch);
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_adopt.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_ADOPT).await?;
         let rows = client.query(&st, &cols.params()).await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
@@ -241,9 +224,7 @@ impl Store {
     /// Which of these ids have a row.
     pub async fn jobs_existing(&self, ids: &[&str]) -> Result<Vec<String>> {
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/jobs_existing.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOBS_EXISTING).await?;
         let rows = client.query(&st, &[&ids]).await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
@@ -262,9 +243,7 @@ impl Store {
         params.extend(cols.params());
         params.push(&reasons);
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/job_dead_kept.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::JOB_DEAD_KEPT).await?;
         let rows = client.query(&st, &params).await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
@@ -281,7 +260,7 @@ impl Store {
         let reasons: Vec<&str> = items.iter().map(|i| i.2).collect();
         let client = self.client().await?;
         let st = client
-            .prepare_cached(include_str!("sql/job_dead_unserved_existing.sql"))
+            .prepare_cached(sql::JOB_DEAD_UNSERVED_EXISTING)
             .await?;
         let rows = client.query(&st, &[&ids, &payloads, &reasons]).await?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -299,9 +278,7 @@ impl Store {
         let oldest: Vec<SystemTime> = rows.iter().map(|r| r.3).collect();
         let due: Vec<SystemTime> = rows.iter().map(|r| r.4).collect();
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/unserved_record.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::UNSERVED_RECORD).await?;
         client
             .execute(&st, &[&subjects, &queues, &counts, &oldest, &due])
             .await?;
@@ -311,9 +288,7 @@ impl Store {
     /// Subjects with messages no pod serves, as the janitors last saw them.
     pub async fn unserved_list(&self) -> Result<Vec<UnservedRow>> {
         let client = self.client().await?;
-        let st = client
-            .prepare_cached(include_str!("sql/unserved_list.sql"))
-            .await?;
+        let st = client.prepare_cached(sql::UNSERVED_LIST).await?;
         Ok(client
             .query(&st, &[])
             .await?

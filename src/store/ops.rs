@@ -1,5 +1,6 @@
 //! Operator actions and statistics: retry and purge dead jobs, cancel, the `job_stats` view.
 
+use super::sql;
 use super::{Result, Store};
 use crate::job::JobStatus;
 use serde::Serialize;
@@ -86,9 +87,7 @@ impl Store {
         id: Option<&str>,
     ) -> Result<Vec<WorkerRow>> {
         let c = self.ops().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/workers_list.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::WORKERS_LIST).await?;
         Ok(c.query(&st, &[&all, &limit, &id])
             .await?
             .into_iter()
@@ -102,8 +101,7 @@ impl Store {
         ids: Option<&[String]>,
         queue: Option<&str>,
     ) -> Result<Vec<String>> {
-        self.dead_jobs_do(include_str!("sql/job_retry_dead.sql"), ids, queue)
-            .await
+        self.dead_jobs_do(sql::JOB_RETRY_DEAD, ids, queue).await
     }
 
     /// Discards dead jobs (by id, or every dead job of a queue); returns the ids discarded.
@@ -112,8 +110,7 @@ impl Store {
         ids: Option<&[String]>,
         queue: Option<&str>,
     ) -> Result<Vec<String>> {
-        self.dead_jobs_do(include_str!("sql/job_discard_dead.sql"), ids, queue)
-            .await
+        self.dead_jobs_do(sql::JOB_DISCARD_DEAD, ids, queue).await
     }
 
     /// Runs an operator statement over dead jobs (`$1` ids, `$2` queue) returning their ids.
@@ -133,7 +130,7 @@ impl Store {
     /// does not exist).
     pub async fn job_cancel(&self, id: &str) -> Result<Option<JobStatus>> {
         let c = self.raw().await?;
-        let st = c.prepare_cached(include_str!("sql/job_cancel.sql")).await?;
+        let st = c.prepare_cached(sql::JOB_CANCEL).await?;
         let row = c.query_opt(&st, &[&id]).await?;
         Ok(row.and_then(|r| JobStatus::parse(r.get(0))))
     }
@@ -141,9 +138,7 @@ impl Store {
     /// Deletes dead jobs older than `age`; returns how many.
     pub async fn job_purge_dead(&self, age: Duration) -> Result<u64> {
         let c = self.raw().await?;
-        let st = c
-            .prepare_cached(include_str!("sql/job_purge_dead.sql"))
-            .await?;
+        let st = c.prepare_cached(sql::JOB_PURGE_DEAD).await?;
         let ms = age.as_millis().min(i64::MAX as u128) as i64;
         Ok(c.execute(&st, &[&ms]).await?)
     }
@@ -151,7 +146,7 @@ impl Store {
     /// Jobs by queue and status (queued, scheduled, processing, dead): `(queue, status, n)`.
     pub async fn depth(&self) -> Result<Vec<(String, String, i64)>> {
         let c = self.client().await?;
-        let st = c.prepare_cached(include_str!("sql/job_depth.sql")).await?;
+        let st = c.prepare_cached(sql::JOB_DEPTH).await?;
         Ok(c.query(&st, &[])
             .await?
             .into_iter()
@@ -162,7 +157,7 @@ impl Store {
     /// Per-queue statistics from the `job_stats` view.
     pub async fn job_stats(&self) -> Result<Vec<QueueStats>> {
         let c = self.ops().await?;
-        let st = c.prepare_cached(include_str!("sql/job_stats.sql")).await?;
+        let st = c.prepare_cached(sql::JOB_STATS).await?;
         Ok(c.query(&st, &[])
             .await?
             .into_iter()

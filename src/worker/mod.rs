@@ -900,24 +900,29 @@ async fn retry_connect<T, E, F, Fut>(
     connect: F,
 ) -> Result<T, WorkerError>
 where
-    E: std::fmt::Display,
+    E: std::fmt::Display + Fatal,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
     WorkerError: From<E>,
 {
-    retry_until(what, cancel, connect, |e: &E| {
-        let msg = e.to_string();
-        msg.contains("is invalid")
-            || msg.contains("cannot read nats.")
-            || msg.contains("does not hold a user nkey seed")
-            || msg.contains("authorization violation")
-            || msg.contains("invalid peer certificate")
-            || msg.contains("server does not support TLS")
-            || msg.contains("refused the connection")
-            || msg.contains("needs a work-queue stream")
-            || msg.contains("one consumer per subject")
-    })
-    .await
+    retry_until(what, cancel, connect, E::is_fatal).await
+}
+
+/// An error that says whether waiting could cure it (each decides by its variants).
+trait Fatal {
+    fn is_fatal(&self) -> bool;
+}
+
+impl Fatal for crate::store::StoreError {
+    fn is_fatal(&self) -> bool {
+        crate::store::StoreError::is_fatal(self)
+    }
+}
+
+impl Fatal for crate::broker::BrokerError {
+    fn is_fatal(&self) -> bool {
+        crate::broker::BrokerError::is_fatal(self)
+    }
 }
 
 /// Runs a start-up step against PostgreSQL again, with the same backoff, while it fails

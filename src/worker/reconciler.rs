@@ -327,7 +327,17 @@ impl Reconciler {
                 .map_err(|e| e.to_string())?;
             let ids = shared
                 .store
-                .job_requeue_lost(&lane.queue, lane.priority(), deadline, REPAIR_LIMIT, &pos)
+                .job_requeue_lost(
+                    &lane.queue,
+                    lane.priority(),
+                    deadline,
+                    REPAIR_LIMIT,
+                    &crate::store::StreamBounds {
+                        gone_upto: pos.gone_upto,
+                        last_seq: pos.last_seq,
+                        created: pos.created,
+                    },
+                )
                 .await
                 .map_err(|e| e.to_string())?;
             if !ids.is_empty() {

@@ -1,0 +1,9 @@
+-- The Rust client's enqueue inside the caller's own transaction (the outbox), through the
+-- schema's `enqueue()` like any other language. Qualified by {schema} (see
+-- `store::in_schema`): the caller's connection has its own search_path.
+-- $1 queue; $2 payload; $3 priority; $4 delay (ms); $5 max attempts; $6 idempotency key;
+-- $7 id; $8 timeout (ms); $9 backoff; $10 depends on; $11 then jobs.
+SELECT {schema}.enqueue(queue => $1, payload => $2, priority => $3::int2::int4,
+       run_at => now() + $4::int8 * interval '1 millisecond', max_attempts => $5,
+       idempotency_key => $6, id => $7, timeout_ms => $8, backoff => $9,
+       depends_on => $10, then_jobs => $11)

@@ -1,0 +1,3 @@
+-- One fire of a schedule, as a job due at the fire's time under the fire's own id (a fire
+-- enqueued twice is one job). $1 queue; $2 payload; $3 priority; $4 fire time (ms); $5 id.
+SELECT enqueue($1, $2, $3::int2::int4, run_at => to_timestamp($4::float8 / 1000), id => $5)

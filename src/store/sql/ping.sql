@@ -1,0 +1,2 @@
+-- A connection check.
+SELECT 1

@@ -1,0 +1,2 @@
+-- The schema version applied (highest migration).
+SELECT max(version)::int4 FROM jobwarden_migrations
