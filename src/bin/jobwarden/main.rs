@@ -14,6 +14,7 @@ use jobwarden::client::{Client, EnqueueOptions};
 use jobwarden::config::Config;
 use jobwarden::job::JobStatus;
 use jobwarden::store::Store;
+use jobwarden::view::JobView;
 use jobwarden::worker::{FailPoints, ServiceFailure, EXIT_SERVICE_FAILED, FAILPOINTS_ENV};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -455,7 +456,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                print!("{}", jobwarden::store::format_workers(&rows));
+                print!("{}", jobwarden::view::format_workers(&rows));
             }
             Ok(())
         }
@@ -578,9 +579,64 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    print!("{}", jobwarden::store::format_stats(&rows));
-    print!("{}", jobwarden::store::format_unserved(&unserved));
+    print!("{}", jobwarden::view::format_stats(&rows));
+    print!("{}", jobwarden::view::format_unserved(&unserved));
     Ok(())
+}
+
+/// `jobs show`: one job, its progress, owner, times and attempts (the dashboard's job page
+/// shows the same [`JobView`]).
+fn job_text(v: &JobView) -> String {
+    let dash = |s: Option<&str>| s.unwrap_or("-").to_string();
+    let mut lines = vec![
+        ("id", v.id.clone()),
+        ("queue", v.queue.clone()),
+        ("status", v.status.clone()),
+        ("waiting for", v.waiting.clone().unwrap_or_default()),
+        ("priority", v.priority.to_string()),
+        ("attempts", v.attempts.clone()),
+        (
+            "worker",
+            dash(v.worker.as_ref().map(|w| w.text()).as_deref()),
+        ),
+    ];
+    if let Some(p) = &v.progress {
+        lines.push(("progress", p.clone()));
+    }
+    if let Some(e) = &v.last_error {
+        lines.push(("last error", e.clone()));
+    }
+    lines.extend([
+        ("created", v.created_at.clone()),
+        ("scheduled", v.scheduled_at.clone()),
+        ("started", dash(v.started_at.as_deref())),
+        ("last activity", dash(v.last_activity_at.as_deref())),
+        ("completed", dash(v.finished_at.as_deref())),
+        ("payload", v.payload.to_string()),
+    ]);
+    if let Some(r) = &v.result {
+        lines.push(("result", r.to_string()));
+    }
+    let mut out: String = lines
+        .iter()
+        .map(|(k, val)| format!("{:<15}{val}\n", format!("{k}:")))
+        .collect();
+    out.push_str("attempts:\n");
+    if v.history.is_empty() {
+        out.push_str("  (none finished yet)\n");
+    }
+    for a in &v.history {
+        out.push_str(&format!(
+            "  #{} {} {} {} {} {}\n",
+            a.attempt,
+            dash(a.started_at.as_deref()),
+            dash(a.worker.as_deref()),
+            a.took,
+            a.outcome,
+            a.error.as_deref().unwrap_or("")
+        ));
+    }
+    out
 }
 
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
@@ -618,7 +674,7 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
-                print!("{}", jobwarden::store::format_pipeline(&jobs));
+                print!("{}", jobwarden::view::format_pipeline(&jobs));
             }
             Ok(())
         }
@@ -664,65 +720,12 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
-            println!("id:            {}", job.id);
-            println!("queue:         {}", job.queue);
-            println!("status:        {}", job.status);
-            println!("waiting for:   {waiting}");
-            println!("priority:      {}", job.priority);
-            println!("attempts:      {} of {}", job.attempts, job.max_attempts);
-            println!(
-                "worker:        {} (lease {})",
-                job.worker_id.as_deref().unwrap_or("-"),
-                job.lease
-            );
-            if job.stage.is_some() || job.progress.is_some() || job.message.is_some() {
-                println!(
-                    "progress:      {} {} {}",
-                    job.progress
-                        .map(|p| format!("{:.0}%", p * 100.0))
-                        .unwrap_or_default(),
-                    job.stage.as_deref().unwrap_or(""),
-                    job.message.as_deref().unwrap_or("")
-                );
-            }
-            if let Some(e) = &job.last_error {
-                println!("last error:    {e}");
-            }
-            println!("created:       {}", job.created_at);
-            println!("scheduled:     {}", job.scheduled_at);
-            println!(
-                "started:       {}",
-                job.started_at.as_deref().unwrap_or("-")
-            );
-            println!(
-                "last activity: {}",
-                job.last_activity_at.as_deref().unwrap_or("-")
-            );
-            println!(
-                "completed:     {}",
-                job.completed_at.as_deref().unwrap_or("-")
-            );
-            println!("payload:       {}", job.payload);
-            if let Some(r) = &job.result {
-                println!("result:        {r}");
-            }
-            println!("attempts:");
-            if attempts.is_empty() {
-                println!("  (none finished yet)");
-            }
-            for a in attempts {
-                println!(
-                    "  #{} {} {} {} {} {}",
-                    a.attempt,
-                    a.started_at.as_deref().unwrap_or("-"),
-                    a.worker_id.as_deref().unwrap_or("-"),
-                    a.duration_ms
-                        .map(|d| format!("{d}ms"))
-                        .unwrap_or_else(|| "-".into()),
-                    a.outcome,
-                    a.error.as_deref().unwrap_or("")
-                );
-            }
+            let owner = match &job.worker_id {
+                Some(w) => store.worker(w).await?,
+                None => None,
+            };
+            let view = JobView::new(job, attempts, Some(waiting), owner.as_ref());
+            print!("{}", job_text(&view));
             Ok(())
         }
         JobsCommand::List {
