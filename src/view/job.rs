@@ -188,6 +188,61 @@ pub fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
 
+/// The `jobwarden jobs show` text: one job, its progress, owner, times and attempts (the
+/// dashboard's job page shows the same [`JobView`]).
+pub fn format_job(v: &JobView) -> String {
+    let dash = |s: Option<&str>| s.unwrap_or("-").to_string();
+    let mut lines = vec![
+        ("id", v.id.clone()),
+        ("queue", v.queue.clone()),
+        ("status", v.status.clone()),
+        ("waiting for", v.waiting.clone().unwrap_or_default()),
+        ("priority", v.priority.to_string()),
+        ("attempts", v.attempts.clone()),
+        (
+            "worker",
+            dash(v.worker.as_ref().map(|w| w.text()).as_deref()),
+        ),
+    ];
+    if let Some(p) = &v.progress {
+        lines.push(("progress", p.clone()));
+    }
+    if let Some(e) = &v.last_error {
+        lines.push(("last error", e.clone()));
+    }
+    lines.extend([
+        ("created", v.created_at.clone()),
+        ("scheduled", v.scheduled_at.clone()),
+        ("started", dash(v.started_at.as_deref())),
+        ("last activity", dash(v.last_activity_at.as_deref())),
+        ("completed", dash(v.finished_at.as_deref())),
+        ("payload", v.payload.to_string()),
+    ]);
+    if let Some(r) = &v.result {
+        lines.push(("result", r.to_string()));
+    }
+    let mut out: String = lines
+        .iter()
+        .map(|(k, val)| format!("{:<15}{val}\n", format!("{k}:")))
+        .collect();
+    out.push_str("attempts:\n");
+    if v.history.is_empty() {
+        out.push_str("  (none finished yet)\n");
+    }
+    for a in &v.history {
+        out.push_str(&format!(
+            "  #{} {} {} {} {} {}\n",
+            a.attempt,
+            dash(a.started_at.as_deref()),
+            dash(a.worker.as_deref()),
+            a.took,
+            a.outcome,
+            a.error.as_deref().unwrap_or("")
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,5 +323,43 @@ mod tests {
             ..a
         };
         assert_eq!(AttemptView::from(unknown).took, "–");
+    }
+
+    #[test]
+    fn jobs_show_prints_the_view_in_aligned_lines() {
+        let mut row = job("dead");
+        row.last_error = Some("550 mailbox unavailable".into());
+        let attempt = AttemptRow {
+            attempt: 1,
+            lease: 3,
+            worker_id: Some("pod-a-1-0000".into()),
+            started_at: Some("2026-11-26T10:00:01.000Z".into()),
+            duration_ms: Some(35),
+            outcome: "dead".into(),
+            error: Some("550 mailbox unavailable".into()),
+        };
+        let v = JobView::new(
+            row,
+            vec![attempt],
+            Some("dead: waits for nothing".into()),
+            None,
+        );
+        let out = format_job(&v);
+        for line in [
+            "status:        dead",
+            "waiting for:   dead: waits for nothing",
+            "attempts:      2 of 5",
+            "worker:        pod-a-1-0000 (lease 3)",
+            "progress:      40% rendering — page 3 of 8",
+            "last error:    550 mailbox unavailable",
+            "last activity: -",
+            "payload:       {\"report\":7}",
+            "  #1 2026-11-26T10:00:01.000Z pod-a-1-0000 35 ms dead 550 mailbox unavailable",
+        ] {
+            assert!(
+                out.lines().any(|l| l == line),
+                "no line {line:?} in:\n{out}"
+            );
+        }
     }
 }

@@ -584,61 +584,6 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `jobs show`: one job, its progress, owner, times and attempts (the dashboard's job page
-/// shows the same [`JobView`]).
-fn job_text(v: &JobView) -> String {
-    let dash = |s: Option<&str>| s.unwrap_or("-").to_string();
-    let mut lines = vec![
-        ("id", v.id.clone()),
-        ("queue", v.queue.clone()),
-        ("status", v.status.clone()),
-        ("waiting for", v.waiting.clone().unwrap_or_default()),
-        ("priority", v.priority.to_string()),
-        ("attempts", v.attempts.clone()),
-        (
-            "worker",
-            dash(v.worker.as_ref().map(|w| w.text()).as_deref()),
-        ),
-    ];
-    if let Some(p) = &v.progress {
-        lines.push(("progress", p.clone()));
-    }
-    if let Some(e) = &v.last_error {
-        lines.push(("last error", e.clone()));
-    }
-    lines.extend([
-        ("created", v.created_at.clone()),
-        ("scheduled", v.scheduled_at.clone()),
-        ("started", dash(v.started_at.as_deref())),
-        ("last activity", dash(v.last_activity_at.as_deref())),
-        ("completed", dash(v.finished_at.as_deref())),
-        ("payload", v.payload.to_string()),
-    ]);
-    if let Some(r) = &v.result {
-        lines.push(("result", r.to_string()));
-    }
-    let mut out: String = lines
-        .iter()
-        .map(|(k, val)| format!("{:<15}{val}\n", format!("{k}:")))
-        .collect();
-    out.push_str("attempts:\n");
-    if v.history.is_empty() {
-        out.push_str("  (none finished yet)\n");
-    }
-    for a in &v.history {
-        out.push_str(&format!(
-            "  #{} {} {} {} {} {}\n",
-            a.attempt,
-            dash(a.started_at.as_deref()),
-            dash(a.worker.as_deref()),
-            a.took,
-            a.outcome,
-            a.error.as_deref().unwrap_or("")
-        ));
-    }
-    out
-}
-
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
     match command {
         JobsCommand::Retry { id } => retry_one(store, &id).await,
@@ -725,7 +670,7 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                 None => None,
             };
             let view = JobView::new(job, attempts, Some(waiting), owner.as_ref());
-            print!("{}", job_text(&view));
+            print!("{}", jobwarden::view::format_job(&view));
             Ok(())
         }
         JobsCommand::List {
