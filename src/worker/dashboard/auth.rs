@@ -315,6 +315,26 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn each_refusal_is_a_403_that_says_why() {
+        for (refused, says) in [
+            (
+                Refused::ReadOnly,
+                "this dashboard is read-only: set dashboard.admin_token to allow retry, discard and cancel",
+            ),
+            (Refused::NotLoggedIn, "log in with the admin token first"),
+            (
+                Refused::CrossSite("Sec-Fetch-Site is cross-site".into()),
+                "refused: the request came from another site (Sec-Fetch-Site is cross-site)",
+            ),
+        ] {
+            let r = refused.into_response();
+            assert_eq!(r.status(), StatusCode::FORBIDDEN);
+            let body = axum::body::to_bytes(r.into_body(), 1024).await.unwrap();
+            assert_eq!(std::str::from_utf8(&body).unwrap(), says);
+        }
+    }
+
     #[test]
     fn token_comparison_needs_every_byte() {
         assert!(same(b"0123456789abcdef", b"0123456789abcdef"));
