@@ -22,6 +22,7 @@ pub mod jsonb;
 pub mod liveness;
 pub mod redact;
 pub mod store;
+pub mod view;
 pub mod worker;
 
 pub use handler::{Handler, HandlerResult, JobContext, JobError, Progress};

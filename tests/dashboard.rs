@@ -858,3 +858,162 @@ async fn a_search_that_takes_too_long_is_stopped_and_the_page_says_how_to_narrow
     assert!(html.contains("no jobs match"), "{html}");
     worker.shutdown().await;
 }
+
+/// A value that is markup if a page forgets to escape it: a tag, both quotes and an
+/// ampersand, without the whitespace and `/` a job id may not hold.
+const HOSTILE: &str = "<script>alert('jw')\"&'";
+
+/// [`HOSTILE`] as a page must show it: `<`, `>`, `"` and `&` escaped (`'` needs no escape:
+/// every attribute is in double quotes).
+fn escaped(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[tokio::test]
+async fn a_hostile_value_is_shown_escaped_on_every_page() {
+    // A cron schedule's name is a TOML key: quoted, its `"` escaped.
+    let cron = format!("\"cron{}\"", HOSTILE.replace('"', "\\\""));
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n\
+         [cron.{cron}]\nschedule = \"0 3 * * *\"\nqueue = \"work\"\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
+    ))
+    .await;
+    let c = env.store.raw().await.unwrap();
+    // A dead job with every field hostile, first of its pipeline; a child waiting for it
+    // (so the pipeline can be cancelled); a scheduled job; a worker; attempts.
+    c.execute(
+        "INSERT INTO jobs (id, queue, payload, result, status, attempts, max_attempts, last_error,
+                           worker_id, lease, stage, progress, message, idempotency_key, pipeline,
+                           scheduled_at, completed_at)
+         VALUES ('job' || $1, 'queue' || $1, jsonb_build_object('k', 'payload' || $1),
+                 jsonb_build_object('r', 'result' || $1), 'dead', 1, 1, 'error' || $1,
+                 'worker' || $1, 1, 'stage' || $1, 0.5, 'message' || $1, 'key' || $1,
+                 'job' || $1, now(), now()),
+                ('child' || $1, 'queue' || $1, '{}', NULL, 'waiting', 0, 1, NULL, NULL, 0,
+                 NULL, NULL, NULL, NULL, 'job' || $1, now(), NULL),
+                ('sched' || $1, 'queue' || $1, '{}', NULL, 'scheduled', 1, 5, 'error' || $1,
+                 NULL, 1, NULL, NULL, NULL, NULL, NULL, now() + interval '1 hour', NULL)",
+        &[&HOSTILE],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO job_deps (parent, child) VALUES ('job' || $1, 'child' || $1)",
+        &[&HOSTILE],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, finished_at,
+                                      outcome, queue, error)
+         VALUES ('job' || $1, 1, 1, 'attempt-worker' || $1, now(), now(), 'dead',
+                 'queue' || $1, 'attempt-error' || $1)",
+        &[&HOSTILE],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO workers (id, hostname, pid, version)
+         VALUES ('worker' || $1, 'host' || $1, 1, 'version' || $1)",
+        &[&HOSTILE],
+    )
+    .await
+    .unwrap();
+    let worker = env
+        .worker(&[("h", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    let base = format!("http://{}", worker.dashboard_addr.unwrap());
+    let e = |field: &str| escaped(&format!("{field}{HOSTILE}"));
+    let u = |field: &str| {
+        let v = format!("{field}{HOSTILE}");
+        form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>()
+    };
+    let pages: Vec<(String, u16, Vec<String>)> = vec![
+        ("/".into(), 200, vec![e("queue")]),
+        ("/fragments/overview".into(), 200, vec![e("queue")]),
+        (
+            "/jobs".into(),
+            200,
+            vec![
+                e("job"),
+                e("child"),
+                e("sched"),
+                e("queue"),
+                e("worker"),
+                e("error"),
+            ],
+        ),
+        (format!("/jobs?q={}", u("")), 200, vec![e(""), e("job")]),
+        (
+            format!("/dead?queue={}", u("queue")),
+            200,
+            vec![
+                e("job"),
+                e("error"),
+                format!("Retry every dead job of {}", e("queue")),
+            ],
+        ),
+        (
+            format!("/job?id={}", u("job")),
+            200,
+            vec![
+                format!("Job {}", e("job")),
+                e("queue"),
+                e("stage"),
+                e("message"),
+                e("worker"),
+                e("key"),
+                e("error"),
+                e("attempt-worker"),
+                e("attempt-error"),
+                escaped("payload<script>alert('jw')"),
+                escaped("result<script>alert('jw')"),
+                format!("value=\"{}\"", e("job")),
+            ],
+        ),
+        (format!("/job?id={}", u("missing")), 404, vec![e("missing")]),
+        (
+            format!("/pipeline?id={}", u("job")),
+            200,
+            vec![
+                e("job"),
+                e("child"),
+                e("queue"),
+                format!("value=\"{}\"", e("job")),
+            ],
+        ),
+        (
+            "/workers".into(),
+            200,
+            vec![e("worker"), e("host"), e("version")],
+        ),
+        (
+            "/scheduled".into(),
+            200,
+            vec![e("sched"), e("queue"), e("cron")],
+        ),
+    ];
+    let admin = reqwest::Client::new();
+    for (path, status, shown) in pages {
+        let r = admin
+            .get(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{path}");
+        let html = r.text().await.unwrap();
+        assert!(
+            !html.contains("<script>alert"),
+            "{path} shows a value unescaped:\n{html}"
+        );
+        for s in shown {
+            assert!(html.contains(&s), "{path} does not show {s}:\n{html}");
+        }
+    }
+    worker.shutdown().await;
+}

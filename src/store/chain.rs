@@ -139,32 +139,3 @@ impl Store {
             .collect())
     }
 }
-
-/// A pipeline as a table: one line per job, with its parents.
-pub fn format_pipeline(jobs: &[PipelineJob]) -> String {
-    let mut out = format!(
-        "{:<40} {:<12} {:<11} {:>8}  {}\n",
-        "JOB", "QUEUE", "STATUS", "ATTEMPTS", "AFTER / LAST ERROR"
-    );
-    for j in jobs {
-        let mut notes = Vec::new();
-        if !j.parents.is_empty() {
-            notes.push(format!("after {}", j.parents.join(", ")));
-        }
-        if j.pending_then > 0 {
-            notes.push(format!("then {} more when it completes", j.pending_then));
-        }
-        if let Some(e) = &j.last_error {
-            notes.push(e.clone());
-        }
-        out.push_str(&format!(
-            "{:<40} {:<12} {:<11} {:>8}  {}\n",
-            j.id,
-            j.queue,
-            j.status,
-            format!("{}/{}", j.attempts, j.max_attempts),
-            notes.join("; ")
-        ));
-    }
-    out
-}

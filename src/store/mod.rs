@@ -20,7 +20,7 @@ pub mod tls;
 pub mod sql {
     include!(concat!(env!("OUT_DIR"), "/sql.rs"));
 }
-pub use chain::{format_pipeline, ChainRound, PipelineJob};
+pub use chain::{ChainRound, PipelineJob};
 pub use dashboard::{
     Bounded, JobFilter, JobSummary, QueueOverview, ScheduledJob, DASHBOARD_QUERY_LIMIT,
 };
@@ -28,7 +28,7 @@ pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Reclaimed, Registration, StreamBounds};
 pub use messages::{UnservedRow, PUBLISH_RETRY};
-pub use ops::{format_stats, format_unserved, format_workers, QueueStats, WorkerRow};
+pub use ops::{QueueStats, WorkerRow};
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};

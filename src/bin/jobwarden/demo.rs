@@ -234,7 +234,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     println!("\njobwarden stats (the job_stats view):");
     print!(
         "{}",
-        jobwarden::store::format_stats(&store.job_stats().await?)
+        jobwarden::view::format_stats(&store.job_stats().await?)
     );
     println!("\nwhy attempts ended (job_attempts.outcome):");
     let c = store.raw().await?;

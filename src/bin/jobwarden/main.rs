@@ -14,6 +14,7 @@ use jobwarden::client::{Client, EnqueueOptions};
 use jobwarden::config::Config;
 use jobwarden::job::JobStatus;
 use jobwarden::store::Store;
+use jobwarden::view::JobView;
 use jobwarden::worker::{FailPoints, ServiceFailure, EXIT_SERVICE_FAILED, FAILPOINTS_ENV};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -455,7 +456,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                print!("{}", jobwarden::store::format_workers(&rows));
+                print!("{}", jobwarden::view::format_workers(&rows));
             }
             Ok(())
         }
@@ -578,8 +579,8 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    print!("{}", jobwarden::store::format_stats(&rows));
-    print!("{}", jobwarden::store::format_unserved(&unserved));
+    print!("{}", jobwarden::view::format_stats(&rows));
+    print!("{}", jobwarden::view::format_unserved(&unserved));
     Ok(())
 }
 
@@ -618,7 +619,7 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
-                print!("{}", jobwarden::store::format_pipeline(&jobs));
+                print!("{}", jobwarden::view::format_pipeline(&jobs));
             }
             Ok(())
         }
@@ -664,65 +665,12 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
-            println!("id:            {}", job.id);
-            println!("queue:         {}", job.queue);
-            println!("status:        {}", job.status);
-            println!("waiting for:   {waiting}");
-            println!("priority:      {}", job.priority);
-            println!("attempts:      {} of {}", job.attempts, job.max_attempts);
-            println!(
-                "worker:        {} (lease {})",
-                job.worker_id.as_deref().unwrap_or("-"),
-                job.lease
-            );
-            if job.stage.is_some() || job.progress.is_some() || job.message.is_some() {
-                println!(
-                    "progress:      {} {} {}",
-                    job.progress
-                        .map(|p| format!("{:.0}%", p * 100.0))
-                        .unwrap_or_default(),
-                    job.stage.as_deref().unwrap_or(""),
-                    job.message.as_deref().unwrap_or("")
-                );
-            }
-            if let Some(e) = &job.last_error {
-                println!("last error:    {e}");
-            }
-            println!("created:       {}", job.created_at);
-            println!("scheduled:     {}", job.scheduled_at);
-            println!(
-                "started:       {}",
-                job.started_at.as_deref().unwrap_or("-")
-            );
-            println!(
-                "last activity: {}",
-                job.last_activity_at.as_deref().unwrap_or("-")
-            );
-            println!(
-                "completed:     {}",
-                job.completed_at.as_deref().unwrap_or("-")
-            );
-            println!("payload:       {}", job.payload);
-            if let Some(r) = &job.result {
-                println!("result:        {r}");
-            }
-            println!("attempts:");
-            if attempts.is_empty() {
-                println!("  (none finished yet)");
-            }
-            for a in attempts {
-                println!(
-                    "  #{} {} {} {} {} {}",
-                    a.attempt,
-                    a.started_at.as_deref().unwrap_or("-"),
-                    a.worker_id.as_deref().unwrap_or("-"),
-                    a.duration_ms
-                        .map(|d| format!("{d}ms"))
-                        .unwrap_or_else(|| "-".into()),
-                    a.outcome,
-                    a.error.as_deref().unwrap_or("")
-                );
-            }
+            let owner = match &job.worker_id {
+                Some(w) => store.worker(w).await?,
+                None => None,
+            };
+            let view = JobView::new(job, attempts, Some(waiting), owner.as_ref());
+            print!("{}", jobwarden::view::format_job(&view));
             Ok(())
         }
         JobsCommand::List {
