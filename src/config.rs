@@ -1439,6 +1439,8 @@ mod tests {
     }
 
     #[test]
+    // Long on purpose: one case per rule, each at its edge.
+    #[allow(clippy::too_many_lines)]
     fn each_worker_and_connection_rule_holds_at_its_edge() {
         let ms = Duration::from_millis;
         // Invariant 5, per queue too: ack_wait above stale_after + sweep_every.
