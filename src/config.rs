@@ -445,6 +445,34 @@ impl Config {
             return Err(ConfigErrors(too_long));
         }
         let mut errs = Vec::new();
+        self.check_timing(&mut errs);
+        self.check_worker_identity_and_ports(&mut errs);
+        self.check_database(&mut errs);
+        self.check_nats(&mut errs);
+        if require_queues && self.queues.is_empty() {
+            errs.push(
+                "no queues configured; add at least one [queues.<name>] section \
+                 (see examples/jobwarden.toml)"
+                    .into(),
+            );
+        }
+        for (name, c) in &self.cron {
+            if let Err(mut e) = crate::cron::Schedule::new(name, c) {
+                errs.append(&mut e);
+            }
+        }
+        for (name, q) in &self.queues {
+            self.check_queue(name, q, &mut errs);
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errs))
+        }
+    }
+
+    /// Durations and sizes that must hold together (invariant 5's ack_wait first).
+    fn check_timing(&self, errs: &mut Vec<String>) {
         let w = &self.worker;
         let n = &self.nats;
         // Invariant 5: a message must outlive the time it takes to notice its job is stale,
@@ -527,6 +555,11 @@ impl Config {
                 w.max_payload_bytes
             ));
         }
+    }
+
+    /// The worker's host name and the addresses it listens on.
+    fn check_worker_identity_and_ports(&self, errs: &mut Vec<String>) {
+        let w = &self.worker;
         if let Some(h) = &w.hostname {
             if h.is_empty() || h.contains(char::is_whitespace) {
                 errs.push(format!(
@@ -568,6 +601,10 @@ impl Config {
                 w.ops_listen
             ));
         }
+    }
+
+    /// `[database]`.
+    fn check_database(&self, errs: &mut Vec<String>) {
         if !self.database.url.starts_with("postgres://")
             && !self.database.url.starts_with("postgresql://")
             && !self.database.url.contains('=')
@@ -592,6 +629,11 @@ impl Config {
         if let Err(e) = crate::store::tls::PgTls::split(&self.database.url) {
             errs.push(format!("database.url: {e}"));
         }
+    }
+
+    /// `[nats]`.
+    fn check_nats(&self, errs: &mut Vec<String>) {
+        let n = &self.nats;
         if !n.url.starts_with("nats://") && !n.url.starts_with("tls://") {
             errs.push(format!(
                 "nats.url {:?} must start with nats:// or tls://",
@@ -661,96 +703,81 @@ impl Config {
                 fmt_dur(n.duplicate_window)
             ));
         }
-        if require_queues && self.queues.is_empty() {
-            errs.push(
-                "no queues configured; add at least one [queues.<name>] section \
-                 (see examples/jobwarden.toml)"
-                    .into(),
-            );
+    }
+
+    /// One `[queues.<name>]` section.
+    fn check_queue(&self, name: &str, q: &QueueConfig, errs: &mut Vec<String>) {
+        if let Err(e) = crate::job::validate_queue_name(name) {
+            errs.push(format!("queues.{name}: {e}"));
         }
-        for (name, c) in &self.cron {
-            if let Err(mut e) = crate::cron::Schedule::new(name, c) {
-                errs.append(&mut e);
-            }
-        }
-        for (name, q) in &self.queues {
-            if let Err(e) = crate::job::validate_queue_name(name) {
-                errs.push(format!("queues.{name}: {e}"));
-            }
-            if let Some(r) = &q.rate_limit {
-                if let Err(e) = parse_rate_limit(r) {
-                    errs.push(format!("queues.{name}.rate_limit {e}"));
-                }
-            }
-            if let Some(n) = q.global_concurrency.filter(|&n| n > 1_000_000) {
-                errs.push(format!(
-                    "queues.{name}.global_concurrency ({n}) must be at most 1000000 (leave it \
-                     out for no cluster-wide cap)"
-                ));
-            }
-            if q.global_concurrency == Some(0) {
-                errs.push(format!(
-                    "queues.{name}.global_concurrency (0) must be at least 1 (leave it out for \
-                     no cluster-wide cap), e.g. global_concurrency = 3"
-                ));
-            }
-            if q.fair_every == 1 || q.fair_every > 1000 {
-                errs.push(format!(
-                    "queues.{name}.fair_every ({}) must be 0 (strict priorities) or from 2 to \
-                     1000, e.g. fair_every = 10 gives lower priorities every 10th pull",
-                    q.fair_every
-                ));
-            }
-            if q.concurrency == 0 || q.concurrency > 10_000 {
-                errs.push(format!(
-                    "queues.{name}.concurrency ({}) must be from 1 to 10000",
-                    q.concurrency
-                ));
-            }
-            if q.max_attempts == 0 || q.max_attempts > 1000 {
-                errs.push(format!(
-                    "queues.{name}.max_attempts ({}) must be from 1 to 1000",
-                    q.max_attempts
-                ));
-            }
-            if q.timeout.is_zero() {
-                errs.push(format!(
-                    "queues.{name}.timeout ({}) must be above zero, e.g. \"5m\"",
-                    fmt_dur(q.timeout)
-                ));
-            }
-            if let Err(e) = q.backoff.validate() {
-                errs.push(format!("queues.{name}.backoff: {e}"));
-            }
-            match q.handler.as_ref().or(self.handler.as_ref()) {
-                None => errs.push(format!(
-                    "queues.{name} has no handler; set queues.{name}.handler or a top-level \
-                     [handler], e.g. {{ kind = \"http\", url = \"http://127.0.0.1:8080/jobs\" }}"
-                )),
-                Some(HandlerConfig::Http { url }) => {
-                    if !url.starts_with("http://") {
-                        errs.push(format!(
-                            "queues.{name}.handler.url {:?} must start with http:// \
-                             (the application runs beside the worker)",
-                            crate::redact::url(url)
-                        ));
-                    }
-                }
-                Some(HandlerConfig::Exec { command, .. }) => {
-                    if command.is_empty() || command[0].is_empty() {
-                        errs.push(format!(
-                            "queues.{name}.handler.command is empty; give the program and its \
-                             arguments, e.g. [\"./bin/send-email\", \"--fast\"]"
-                        ));
-                    }
-                }
-                Some(HandlerConfig::Rust { .. }) => {}
+        if let Some(r) = &q.rate_limit {
+            if let Err(e) = parse_rate_limit(r) {
+                errs.push(format!("queues.{name}.rate_limit {e}"));
             }
         }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigErrors(errs))
+        if let Some(n) = q.global_concurrency.filter(|&n| n > 1_000_000) {
+            errs.push(format!(
+                "queues.{name}.global_concurrency ({n}) must be at most 1000000 (leave it \
+                 out for no cluster-wide cap)"
+            ));
+        }
+        if q.global_concurrency == Some(0) {
+            errs.push(format!(
+                "queues.{name}.global_concurrency (0) must be at least 1 (leave it out for \
+                 no cluster-wide cap), e.g. global_concurrency = 3"
+            ));
+        }
+        if q.fair_every == 1 || q.fair_every > 1000 {
+            errs.push(format!(
+                "queues.{name}.fair_every ({}) must be 0 (strict priorities) or from 2 to \
+                 1000, e.g. fair_every = 10 gives lower priorities every 10th pull",
+                q.fair_every
+            ));
+        }
+        if q.concurrency == 0 || q.concurrency > 10_000 {
+            errs.push(format!(
+                "queues.{name}.concurrency ({}) must be from 1 to 10000",
+                q.concurrency
+            ));
+        }
+        if q.max_attempts == 0 || q.max_attempts > 1000 {
+            errs.push(format!(
+                "queues.{name}.max_attempts ({}) must be from 1 to 1000",
+                q.max_attempts
+            ));
+        }
+        if q.timeout.is_zero() {
+            errs.push(format!(
+                "queues.{name}.timeout ({}) must be above zero, e.g. \"5m\"",
+                fmt_dur(q.timeout)
+            ));
+        }
+        if let Err(e) = q.backoff.validate() {
+            errs.push(format!("queues.{name}.backoff: {e}"));
+        }
+        match q.handler.as_ref().or(self.handler.as_ref()) {
+            None => errs.push(format!(
+                "queues.{name} has no handler; set queues.{name}.handler or a top-level \
+                 [handler], e.g. {{ kind = \"http\", url = \"http://127.0.0.1:8080/jobs\" }}"
+            )),
+            Some(HandlerConfig::Http { url }) => {
+                if !url.starts_with("http://") {
+                    errs.push(format!(
+                        "queues.{name}.handler.url {:?} must start with http:// \
+                         (the application runs beside the worker)",
+                        crate::redact::url(url)
+                    ));
+                }
+            }
+            Some(HandlerConfig::Exec { command, .. }) => {
+                if command.is_empty() || command[0].is_empty() {
+                    errs.push(format!(
+                        "queues.{name}.handler.command is empty; give the program and its \
+                         arguments, e.g. [\"./bin/send-email\", \"--fast\"]"
+                    ));
+                }
+            }
+            Some(HandlerConfig::Rust { .. }) => {}
         }
     }
 
@@ -1412,6 +1439,8 @@ mod tests {
     }
 
     #[test]
+    // Long on purpose: one case per rule, each at its edge.
+    #[allow(clippy::too_many_lines)]
     fn each_worker_and_connection_rule_holds_at_its_edge() {
         let ms = Duration::from_millis;
         // Invariant 5, per queue too: ack_wait above stale_after + sweep_every.

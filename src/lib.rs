@@ -9,6 +9,9 @@
 //! [`worker::Worker::rust_handler`], and [`worker::Worker::start`] it; enqueue with
 //! [`client::Client`].
 
+// No function over 100 lines (clippy.toml) unless it says why.
+#![warn(clippy::too_many_lines)]
+
 pub mod backoff;
 pub mod broker;
 pub mod causes;

@@ -816,19 +816,7 @@ async fn a_finished_job_whose_settle_has_not_committed_keeps_its_message_unacked
         .unwrap()
         .get(0);
     finish.notify_one();
-    let watcher = env.store.raw().await.unwrap();
-    let blocked = wait_for(Duration::from_secs(10), || async {
-        watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                &[&me],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-            >= 1
-    })
-    .await;
+    let blocked = waits_on(&env.store, me, Duration::from_secs(10)).await;
     assert!(
         blocked,
         "the worker's settle never waited on the locked row"
@@ -949,19 +937,7 @@ async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbe
     )
     .await;
     let worker = env.worker(&[("h", h)]).await;
-    let watcher = env.store.raw().await.unwrap();
-    let blocked = wait_for(Duration::from_secs(10), || async {
-        watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                &[&me],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-            >= 1
-    })
-    .await;
+    let blocked = waits_on(&env.store, me, Duration::from_secs(10)).await;
     assert!(blocked, "the claim of `blocker` never waited on the lock");
     assert_eq!(
         env.status_of("fresh").await.as_deref(),
@@ -988,4 +964,21 @@ async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbe
     );
     assert_eq!(outcomes(&env.store, "fresh").await, vec!["completed"]);
     worker.shutdown().await;
+}
+
+/// Whether some session came to wait on a lock that backend `pid` holds within `limit`.
+async fn waits_on(store: &jobwarden::store::Store, pid: i32, limit: Duration) -> bool {
+    let watcher = store.raw().await.unwrap();
+    wait_for(limit, || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            >= 1
+    })
+    .await
 }

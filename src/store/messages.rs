@@ -27,13 +27,17 @@ pub struct UnservedRow {
     pub seen_seconds_ago: f64,
 }
 
+/// A message that cannot become a job, to keep as a dead one: (its id, its queue, what is
+/// kept of its body, the reason).
+pub type InvalidRow = (String, String, Value, String);
+
 impl Store {
     /// Records undeliverable messages as dead jobs; returns the ids that were inserted (an id
     /// that exists already is left alone).
     pub async fn job_dead_invalid(
         &self,
         worker_id: &str,
-        items: &[(String, String, Value, String)],
+        items: &[InvalidRow],
     ) -> Result<Vec<String>> {
         let ids: Vec<&str> = items.iter().map(|i| i.0.as_str()).collect();
         let queues: Vec<&str> = items.iter().map(|i| i.1.as_str()).collect();

@@ -27,7 +27,7 @@ pub use dashboard::{
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
 pub use liveness::{Reclaimed, Registration, StreamBounds};
-pub use messages::{UnservedRow, PUBLISH_RETRY};
+pub use messages::{InvalidRow, UnservedRow, PUBLISH_RETRY};
 pub use ops::{QueueStats, WorkerRow};
 
 use crate::config::DatabaseConfig;

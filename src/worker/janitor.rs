@@ -134,40 +134,7 @@ impl Janitor {
         let broker = &shared.broker;
         let prefix = broker.subject_prefix().to_string();
         let stream = broker.stream().await.map_err(|e| e.to_string())?;
-        let listing = async {
-            stream
-                .info_with_subjects(format!("{prefix}.>"))
-                .await
-                .map_err(|e| e.to_string())?
-                .take(LISTED_SUBJECTS)
-                .try_collect::<Vec<(String, usize)>>()
-                .await
-                .map_err(|e| e.to_string())
-        };
-        let subjects = crate::broker::bounded("stream subjects", listing)
-            .await
-            .map_err(|e| e.to_string())?;
-        let listed_all = subjects.len() < LISTED_SUBJECTS;
-        let infos = crate::broker::bounded(
-            "stream consumers",
-            stream.consumers().try_collect::<Vec<_>>(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let mut filters: Vec<String> = Vec::new();
-        for c in infos {
-            filters.push(c.config.filter_subject.clone());
-            filters.extend(c.config.filter_subjects.iter().cloned());
-        }
-        let mut unserved: Vec<(String, usize)> = subjects
-            .into_iter()
-            .filter(|(subject, count)| {
-                *count > 0 && !filters.iter().any(|f| subject_matches(f, subject))
-            })
-            .collect();
-        // Most messages first; ties by name, so consecutive rounds look at the same subjects
-        // until they are dead-lettered.
-        unserved.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let (unserved, listed_all) = unserved_subjects(&stream, &prefix).await?;
         let summary = summarize(&prefix, &unserved, METRIC_QUEUES);
         let total: usize = unserved.iter().map(|u| u.1).sum();
         let now = shared.store.db_now().await.map_err(|e| e.to_string())?;
@@ -255,59 +222,10 @@ impl Janitor {
              producer's subject",
             crate::config::fmt_dur(grace)
         );
-        let max_bytes = shared.config.worker.max_payload_bytes;
-        let mut messages: Vec<StoredMessage> = Vec::new();
-        let mut from = 1;
-        while messages.len() < limit {
-            let Some(m) = broker
-                .first_message(stream, subject, from)
-                .await
-                .map_err(|e| e.to_string())?
-            else {
-                break;
-            };
-            if stored_at(&m) + grace > now {
-                break;
-            }
-            from = m.seq + 1;
-            messages.push(m);
-        }
-        let mut kept: Vec<ClaimInput> = Vec::new();
-        let mut invalid: Vec<(String, String, Value, String)> = Vec::new();
-        for m in &messages {
-            let msg_id = m
-                .headers
-                .get(async_nats::header::NATS_MESSAGE_ID)
-                .map(|v| v.as_str().to_string());
-            let origin = MessageOrigin {
-                queue: &queue,
-                stream: &stream_name,
-                stream_seq: m.seq,
-                stored_ns: m.stored_ns,
-                msg_id: msg_id.as_deref(),
-            };
-            match job::decode(&m.payload, &origin, max_bytes) {
-                Ok(mut job) => {
-                    if let Some(p) = band {
-                        job.priority = p;
-                    }
-                    let max_attempts = job
-                        .max_attempts
-                        .unwrap_or(crate::config::DEFAULT_MAX_ATTEMPTS as i32);
-                    kept.push(ClaimInput {
-                        job,
-                        max_attempts,
-                        traceparent: m.headers.get("traceparent").map(|v| v.as_str().to_string()),
-                    });
-                }
-                Err(e) => invalid.push((
-                    job::message_id(&origin),
-                    queue.clone(),
-                    invalid_payload(&m.payload),
-                    format!("{e} (and no worker served queue `{queue}`)"),
-                )),
-            }
-        }
+        let messages = self
+            .expired_messages(stream, subject, now, grace, limit)
+            .await?;
+        let (kept, invalid) = self.decode_unserved(&messages, &queue, band);
         let store = &shared.store;
         let me = &shared.worker_id;
         let reasons = vec![reason.clone(); kept.len()];
@@ -390,6 +308,128 @@ impl Janitor {
         }
         Ok(messages.len())
     }
+
+    /// The messages of `subject` that waited longer than `grace`, oldest first, at most
+    /// `limit`.
+    async fn expired_messages(
+        &self,
+        stream: &async_nats::jetstream::stream::Stream,
+        subject: &str,
+        now: SystemTime,
+        grace: Duration,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, String> {
+        let broker = &self.shared.broker;
+        let mut messages: Vec<StoredMessage> = Vec::new();
+        let mut from = 1;
+        while messages.len() < limit {
+            let Some(m) = broker
+                .first_message(stream, subject, from)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
+                break;
+            };
+            if stored_at(&m) + grace > now {
+                break;
+            }
+            from = m.seq + 1;
+            messages.push(m);
+        }
+        Ok(messages)
+    }
+
+    /// Decodes unserved messages as the producer would: jobs kept with their own id,
+    /// payload and settings (at the priority of the band they came by), and those that
+    /// cannot become jobs, recorded under their message id with the reason.
+    fn decode_unserved(
+        &self,
+        messages: &[StoredMessage],
+        queue: &str,
+        band: Option<i16>,
+    ) -> (Vec<ClaimInput>, Vec<crate::store::InvalidRow>) {
+        let max_bytes = self.shared.config.worker.max_payload_bytes;
+        let stream_name = self.shared.broker.stream_name().to_string();
+        let mut kept: Vec<ClaimInput> = Vec::new();
+        let mut invalid: Vec<crate::store::InvalidRow> = Vec::new();
+        for m in messages {
+            let msg_id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_string());
+            let origin = MessageOrigin {
+                queue,
+                stream: &stream_name,
+                stream_seq: m.seq,
+                stored_ns: m.stored_ns,
+                msg_id: msg_id.as_deref(),
+            };
+            match job::decode(&m.payload, &origin, max_bytes) {
+                Ok(mut job) => {
+                    if let Some(p) = band {
+                        job.priority = p;
+                    }
+                    let max_attempts = job
+                        .max_attempts
+                        .unwrap_or(crate::config::DEFAULT_MAX_ATTEMPTS as i32);
+                    kept.push(ClaimInput {
+                        job,
+                        max_attempts,
+                        traceparent: m.headers.get("traceparent").map(|v| v.as_str().to_string()),
+                    });
+                }
+                Err(e) => invalid.push((
+                    job::message_id(&origin),
+                    queue.to_string(),
+                    invalid_payload(&m.payload),
+                    format!("{e} (and no worker served queue `{queue}`)"),
+                )),
+            }
+        }
+        (kept, invalid)
+    }
+}
+
+/// The subjects under `prefix` that hold messages no consumer of the stream (ours or an
+/// operator's) filters, most messages first (ties by name, so consecutive rounds look at the
+/// same subjects until they are dead-lettered); and whether the listing was complete.
+async fn unserved_subjects(
+    stream: &async_nats::jetstream::stream::Stream,
+    prefix: &str,
+) -> Result<(Vec<(String, usize)>, bool), String> {
+    let listing = async {
+        stream
+            .info_with_subjects(format!("{prefix}.>"))
+            .await
+            .map_err(|e| e.to_string())?
+            .take(LISTED_SUBJECTS)
+            .try_collect::<Vec<(String, usize)>>()
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let subjects = crate::broker::bounded("stream subjects", listing)
+        .await
+        .map_err(|e| e.to_string())?;
+    let listed_all = subjects.len() < LISTED_SUBJECTS;
+    let infos = crate::broker::bounded(
+        "stream consumers",
+        stream.consumers().try_collect::<Vec<_>>(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut filters: Vec<String> = Vec::new();
+    for c in infos {
+        filters.push(c.config.filter_subject.clone());
+        filters.extend(c.config.filter_subjects.iter().cloned());
+    }
+    let mut unserved: Vec<(String, usize)> = subjects
+        .into_iter()
+        .filter(|(subject, count)| {
+            *count > 0 && !filters.iter().any(|f| subject_matches(f, subject))
+        })
+        .collect();
+    unserved.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok((unserved, listed_all))
 }
 
 /// When the stream stored a message.

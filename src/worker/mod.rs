@@ -51,6 +51,7 @@ use crate::config::{Config, HandlerConfig};
 use crate::handler::{exec::ExecHandler, http::HttpHandler, Handler, Stop};
 use crate::liveness::Pacing;
 use crate::store::{Registration, Store};
+use async_nats::jetstream::consumer::PullConsumer;
 use ledger::Ledger;
 use outbound::Outbound;
 use std::collections::HashMap;
@@ -413,129 +414,26 @@ impl Worker {
         let metrics = metrics::Metrics::new();
         let queues = self.policies(&metrics)?;
         let config = self.config;
-
-        let store =
-            retry_connect("PostgreSQL", &cancel, || Store::connect(&config.database)).await?;
-        let beat_db = crate::config::DatabaseConfig {
-            pool_size: 2,
-            ..config.database.clone()
-        };
-        let beat_store = retry_connect("PostgreSQL", &cancel, || Store::connect(&beat_db)).await?;
-        // /metrics' queue depths: one connection of their own, never one a claim needs.
-        let depth_db = crate::config::DatabaseConfig {
-            pool_size: 1,
-            ..config.database.clone()
-        };
-        let depth_store =
-            retry_connect("PostgreSQL", &cancel, || Store::connect(&depth_db)).await?;
-        info!(target = %store.target(), "PostgreSQL connected ({})", store.tls_line());
-        let broker = retry_connect("NATS", &cancel, || Broker::connect(&config.nats)).await?;
-        info!("{}", broker.features_line());
-        info!("{}", broker.security_line());
+        let servers = Servers::connect(&config, &cancel).await?;
         if let Some(warning) = config.termination_grace_warning_from_env() {
             warn!("{warning}");
         }
-        if config.worker.migrate {
-            let applied = retry_transient("the migrations", &cancel, || store.migrate()).await?;
-            info!(applied, schema = %store.schema(), "migrations up to date");
-        } else {
-            // Another process migrates (a Kubernetes Job, a deploy step), maybe right now:
-            // wait for it rather than fail on a missing table.
-            let need = Store::required_version();
-            retry_connect("the schema", &cancel, || async {
-                match store.schema_version().await? {
-                    v if v >= need => Ok(v),
-                    have => Err(crate::store::StoreError::SchemaBehind {
-                        schema: store.schema().to_string(),
-                        have,
-                        need,
-                    }),
-                }
-            })
-            .await?;
-        }
-        // Provisioning can fail for a while (the server is restarting, an operator is
-        // re-creating the stream, a consumer is being created elsewhere at the same moment):
-        // wait it out like an unreachable server. Only a configuration the broker will never
-        // accept ends the start.
-        if config.nats.provision {
-            retry_connect("the stream", &cancel, || broker.provision_stream()).await?;
-        }
-        // Every queue has eleven lanes (its bare subject and ten priority bands), each with
-        // its own consumer.
-        let mut consumers = HashMap::new();
-        for name in config.queues.keys() {
-            let mut lanes = Vec::new();
-            for lane in Lane::all(name) {
-                let what = format!("the consumer {} of queue {name}", lane.consumer_name());
-                let c = if config.nats.provision {
-                    retry_connect(&what, &cancel, || broker.provision_consumer(&lane)).await?
-                } else if lane.band.is_none() {
-                    retry_connect(&what, &cancel, || broker.consumer(&lane)).await?
-                } else {
-                    // Provisioned by an operator: bands without a consumer are not served.
-                    match broker.consumer(&lane).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            warn!(%lane, cause = %e, "no consumer for this priority band (nats.provision is off): its subject is not served");
-                            continue;
-                        }
-                    }
-                };
-                lanes.push((lane, c));
-            }
-            consumers.insert(name.clone(), lanes);
-        }
-
+        prepare_schema(&config, &servers.store, &cancel).await?;
+        let consumers = consumers(&config, &servers.broker, &cancel).await?;
         let hostname = config
             .worker
             .hostname
             .clone()
             .unwrap_or_else(local_hostname);
-        let pid = std::process::id();
-        let worker_id = format!("{hostname}-{pid}-{:08x}", rand::random::<u32>());
-
-        let listener = tokio::net::TcpListener::bind(&config.worker.api_listen)
-            .await
-            .map_err(|e| WorkerError::Api {
-                addr: config.worker.api_listen.clone(),
-                cause: e.to_string(),
-            })?;
-        let api_addr = listener.local_addr().map_err(|e| WorkerError::Api {
-            addr: config.worker.api_listen.clone(),
-            cause: e.to_string(),
-        })?;
-        let ops = match config.worker.ops_listen.as_str() {
-            "off" => None,
-            addr => {
-                let ops_err = |e: std::io::Error| WorkerError::Ops {
-                    addr: addr.to_string(),
-                    cause: e.to_string(),
-                };
-                let l = tokio::net::TcpListener::bind(addr).await.map_err(ops_err)?;
-                let a = l.local_addr().map_err(ops_err)?;
-                Some((l, a))
-            }
-        };
-        let ops_addr = ops.as_ref().map(|(_, a)| *a);
-        let dashboard = match config.dashboard.listen.as_deref() {
-            None => None,
-            Some(addr) => {
-                let dash_err = |e: std::io::Error| WorkerError::Dashboard {
-                    addr: addr.to_string(),
-                    cause: e.to_string(),
-                };
-                let l = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(dash_err)?;
-                let a = l.local_addr().map_err(dash_err)?;
-                Some((l, a))
-            }
-        };
-        let dashboard_addr = dashboard.as_ref().map(|(_, a)| *a);
+        let worker_id = format!(
+            "{hostname}-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let listeners = Listeners::bind(&config).await?;
         let stats = Arc::new(Stats::default());
         let supervisor = Supervisor::new(self.failpoints.clone());
-        let (outbound, outbound_run) = Outbound::new(broker.client.clone(), stats.clone());
+        let (outbound, outbound_run) = Outbound::new(servers.broker.client.clone(), stats.clone());
         // It ends when every handle is gone: at the end of a shutdown.
         let outbound_task =
             tokio::spawn(supervisor.service(Service::Outbound, None, cancel.clone(), outbound_run));
@@ -543,6 +441,12 @@ impl Worker {
             heartbeat_every: config.worker.heartbeat_every,
             dead_after: config.worker.dead_after,
         };
+        let Servers {
+            store,
+            beat_store,
+            depth_store,
+            broker,
+        } = servers;
         let shared = Arc::new(Shared {
             worker_id: worker_id.clone(),
             store: store.clone(),
@@ -558,7 +462,7 @@ impl Worker {
                 .values()
                 .flat_map(|l| l.iter().map(|(lane, _)| lane.clone()))
                 .collect(),
-            api_base: format!("http://{api_addr}"),
+            api_base: format!("http://{}", listeners.api_addr),
             config: config.clone(),
             fetch_cancel: cancel.child_token(),
             producers: TaskTracker::new(),
@@ -577,117 +481,18 @@ impl Worker {
         rescuer::Rescuer::new(shared.clone())
             .reconcile_startup()
             .await;
-        // Connections for the claims in flight of every queue and the completer's settles,
-        // opened and prepared before the first message is pulled. Preparing an insert waits
-        // for a lock on `jobs` that conflicts with it (an operator's `LOCK TABLE`, a migration
-        // elsewhere): the start does not wait for that.
-        let hot = config.queues.len() * producer::CLAIMS_IN_FLIGHT + 1;
-        match tokio::time::timeout(WARM_UP_LIMIT, store.warm_up(hot)).await {
-            Ok(Ok(n)) => debug!(connections = n, "PostgreSQL connections warmed"),
-            // Not fatal: the statements are prepared on first use instead.
-            Ok(Err(e)) => {
-                warn!(cause = %e, "could not warm PostgreSQL connections; statements are prepared on first use")
-            }
-            Err(_) => {
-                warn!(limit = ?WARM_UP_LIMIT, "PostgreSQL connections not warmed in time (a lock on the jobs table?); statements are prepared on first use")
-            }
-        }
+        warm_up(&store, config.queues.len()).await;
+        let (api_addr, ops_addr, dashboard_addr) = (
+            listeners.api_addr,
+            listeners.ops.as_ref().map(|(_, a)| *a),
+            listeners.dashboard.as_ref().map(|(_, a)| *a),
+        );
         info!(worker.id = %worker_id, api = %api_addr, ops = ?ops_addr, queues = ?config.queues.keys().collect::<Vec<_>>(),
               heartbeat_every = ?pacing.heartbeat_every, dead_after = ?pacing.dead_after,
               self_fence_after = ?pacing.fence_after(), "worker started");
-
-        // Every task from here on runs under the supervisor, by name: a panic, or an end
-        // before its stop token fired, is a failure of the worker (invariant 14).
-        let sup = &supervisor;
-        let mut tasks = JoinSet::new();
-        let (done_tx, done_rx) = tokio::sync::mpsc::channel(4096);
-        // Producers stop at `fetch_cancel`; running jobs finish and settle before the
-        // completer's channel closes (it ends when the last sender is dropped, which only a
-        // drain makes happen: a drain cancels `fetch_cancel` first).
-        let fetch = &shared.fetch_cancel;
-        for (name, lanes) in consumers {
-            let policy = shared.queues[&name].clone();
-            let p = producer::Producer::new(shared.clone(), policy, lanes, done_tx.clone());
-            let scope = Some(format!("queue {name}"));
-            let run = p.run(fetch.clone());
-            shared
-                .producers
-                .spawn(sup.service(Service::Producer, scope, fetch.clone(), run));
-        }
-        drop(done_tx);
-        let completer = completer::Completer::new(shared.clone()).run(done_rx);
-        tasks.spawn(sup.service(Service::Completer, None, fetch.clone(), completer));
+        let tasks = spawn_jobs(&shared, consumers);
         let background_cancel = CancellationToken::new();
-        let mut background = JoinSet::new();
-        // Each runs until `background_cancel` fires, after the jobs drained.
-        let bc = &background_cancel;
-        let sh = &shared;
-        background.spawn(sup.service(
-            Service::Scheduler,
-            None,
-            bc.clone(),
-            scheduler::Scheduler::new(sh.clone()).run(bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::Cron,
-            None,
-            bc.clone(),
-            cron::CronService::new(sh.clone()).run(bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::Janitor,
-            None,
-            bc.clone(),
-            janitor::Janitor::new(sh.clone()).run(bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::Heartbeat,
-            None,
-            bc.clone(),
-            heartbeat::Heartbeat::new(sh.clone()).run(bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::Rescuer,
-            None,
-            bc.clone(),
-            rescuer::Rescuer::new(sh.clone()).run(bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::Reconciler,
-            None,
-            bc.clone(),
-            reconciler::Reconciler::new(sh.clone()).run(bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::NatsClient,
-            None,
-            bc.clone(),
-            nats_watch::run(broker.client.clone(), bc.clone()),
-        ));
-        background.spawn(sup.service(
-            Service::Api,
-            None,
-            bc.clone(),
-            api::serve(listener, sh.clone(), bc.clone()),
-        ));
-        if let Some((l, _)) = ops {
-            background.spawn(sup.service(
-                Service::Metrics,
-                None,
-                bc.clone(),
-                api::serve_ops(l, sh.clone(), bc.clone()),
-            ));
-        }
-        if let Some((l, a)) = dashboard {
-            info!(url = %format!("http://{a}/"), admin = shared.config.dashboard.admin_token.is_some(),
-                  "dashboard listening");
-            background.spawn(sup.service(
-                Service::Dashboard,
-                None,
-                bc.clone(),
-                dashboard::serve(l, sh.clone(), bc.clone()),
-            ));
-        }
+        let background = spawn_background(&shared, listeners, &background_cancel);
         supervisor.spawn_unsupervised_failpoint();
 
         Ok(RunningWorker {
@@ -707,6 +512,286 @@ impl Worker {
             grace: config.worker.shutdown_grace,
         })
     }
+}
+
+/// The server connections a worker starts with.
+struct Servers {
+    /// Claims, settles and everything else.
+    store: Store,
+    /// The heartbeat's own two connections: a beat never waits behind a claim.
+    beat_store: Store,
+    /// /metrics' queue depths: one connection of their own, never one a claim needs.
+    depth_store: Store,
+    broker: Broker,
+}
+
+impl Servers {
+    /// Connects to PostgreSQL and NATS, waiting (with backoff) while they are unreachable.
+    async fn connect(config: &Config, cancel: &CancellationToken) -> Result<Servers, WorkerError> {
+        let store =
+            retry_connect("PostgreSQL", cancel, || Store::connect(&config.database)).await?;
+        let beat_db = crate::config::DatabaseConfig {
+            pool_size: 2,
+            ..config.database.clone()
+        };
+        let beat_store = retry_connect("PostgreSQL", cancel, || Store::connect(&beat_db)).await?;
+        let depth_db = crate::config::DatabaseConfig {
+            pool_size: 1,
+            ..config.database.clone()
+        };
+        let depth_store = retry_connect("PostgreSQL", cancel, || Store::connect(&depth_db)).await?;
+        info!(target = %store.target(), "PostgreSQL connected ({})", store.tls_line());
+        let broker = retry_connect("NATS", cancel, || Broker::connect(&config.nats)).await?;
+        info!("{}", broker.features_line());
+        info!("{}", broker.security_line());
+        Ok(Servers {
+            store,
+            beat_store,
+            depth_store,
+            broker,
+        })
+    }
+}
+
+/// Migrates the schema, or (`worker.migrate = false`) waits for another process to: a
+/// Kubernetes Job, a deploy step, maybe right now — rather than fail on a missing table.
+async fn prepare_schema(
+    config: &Config,
+    store: &Store,
+    cancel: &CancellationToken,
+) -> Result<(), WorkerError> {
+    if config.worker.migrate {
+        let applied = retry_transient("the migrations", cancel, || store.migrate()).await?;
+        info!(applied, schema = %store.schema(), "migrations up to date");
+        return Ok(());
+    }
+    let need = Store::required_version();
+    retry_connect("the schema", cancel, || async {
+        match store.schema_version().await? {
+            v if v >= need => Ok(v),
+            have => Err(crate::store::StoreError::SchemaBehind {
+                schema: store.schema().to_string(),
+                have,
+                need,
+            }),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Every queue's lanes (its bare subject and ten priority bands), each with its consumer.
+/// Provisioning can fail for a while (the server is restarting, an operator is re-creating
+/// the stream, a consumer is being created elsewhere at the same moment): it is waited out
+/// like an unreachable server. Only a configuration the broker will never accept ends the
+/// start.
+async fn consumers(
+    config: &Config,
+    broker: &Broker,
+    cancel: &CancellationToken,
+) -> Result<HashMap<String, Vec<(Lane, PullConsumer)>>, WorkerError> {
+    if config.nats.provision {
+        retry_connect("the stream", cancel, || broker.provision_stream()).await?;
+    }
+    let mut consumers = HashMap::new();
+    for name in config.queues.keys() {
+        let mut lanes = Vec::new();
+        for lane in Lane::all(name) {
+            let what = format!("the consumer {} of queue {name}", lane.consumer_name());
+            let c = if config.nats.provision {
+                retry_connect(&what, cancel, || broker.provision_consumer(&lane)).await?
+            } else if lane.band.is_none() {
+                retry_connect(&what, cancel, || broker.consumer(&lane)).await?
+            } else {
+                // Provisioned by an operator: bands without a consumer are not served.
+                match broker.consumer(&lane).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!(%lane, cause = %e, "no consumer for this priority band (nats.provision is off): its subject is not served");
+                        continue;
+                    }
+                }
+            };
+            lanes.push((lane, c));
+        }
+        consumers.insert(name.clone(), lanes);
+    }
+    Ok(consumers)
+}
+
+/// The worker's listening sockets, bound before anything runs (a taken port ends the
+/// start with the setting to change).
+struct Listeners {
+    api: tokio::net::TcpListener,
+    api_addr: SocketAddr,
+    ops: Option<(tokio::net::TcpListener, SocketAddr)>,
+    dashboard: Option<(tokio::net::TcpListener, SocketAddr)>,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> Result<Listeners, WorkerError> {
+        let api_err = |e: std::io::Error| WorkerError::Api {
+            addr: config.worker.api_listen.clone(),
+            cause: e.to_string(),
+        };
+        let api = tokio::net::TcpListener::bind(&config.worker.api_listen)
+            .await
+            .map_err(api_err)?;
+        let api_addr = api.local_addr().map_err(api_err)?;
+        let ops = match config.worker.ops_listen.as_str() {
+            "off" => None,
+            addr => Some(bind_at(addr, |addr, cause| WorkerError::Ops { addr, cause }).await?),
+        };
+        let dashboard = match config.dashboard.listen.as_deref() {
+            None => None,
+            Some(addr) => {
+                Some(bind_at(addr, |addr, cause| WorkerError::Dashboard { addr, cause }).await?)
+            }
+        };
+        Ok(Listeners {
+            api,
+            api_addr,
+            ops,
+            dashboard,
+        })
+    }
+}
+
+/// Binds `addr`; an error says which setting (through `err`).
+async fn bind_at(
+    addr: &str,
+    err: impl Fn(String, String) -> WorkerError,
+) -> Result<(tokio::net::TcpListener, SocketAddr), WorkerError> {
+    let fail = |e: std::io::Error| err(addr.to_string(), e.to_string());
+    let l = tokio::net::TcpListener::bind(addr).await.map_err(&fail)?;
+    let a = l.local_addr().map_err(&fail)?;
+    Ok((l, a))
+}
+
+/// Connections for the claims in flight of every queue and the completer's settles, opened
+/// and prepared before the first message is pulled. Preparing an insert waits for a lock on
+/// `jobs` that conflicts with it (an operator's `LOCK TABLE`, a migration elsewhere): the
+/// start does not wait for that.
+async fn warm_up(store: &Store, queues: usize) {
+    let hot = queues * producer::CLAIMS_IN_FLIGHT + 1;
+    match tokio::time::timeout(WARM_UP_LIMIT, store.warm_up(hot)).await {
+        Ok(Ok(n)) => debug!(connections = n, "PostgreSQL connections warmed"),
+        // Not fatal: the statements are prepared on first use instead.
+        Ok(Err(e)) => {
+            warn!(cause = %e, "could not warm PostgreSQL connections; statements are prepared on first use")
+        }
+        Err(_) => {
+            warn!(limit = ?WARM_UP_LIMIT, "PostgreSQL connections not warmed in time (a lock on the jobs table?); statements are prepared on first use")
+        }
+    }
+}
+
+/// Starts each queue's producer and the completer. Every task from here on runs under the
+/// supervisor, by name: a panic, or an end before its stop token fired, is a failure of the
+/// worker (invariant 14). Producers stop at `fetch_cancel`; running jobs finish and settle
+/// before the completer's channel closes (it ends when the last sender is dropped, which only
+/// a drain makes happen: a drain cancels `fetch_cancel` first).
+fn spawn_jobs(
+    shared: &Arc<Shared>,
+    consumers: HashMap<String, Vec<(Lane, PullConsumer)>>,
+) -> JoinSet<()> {
+    let sup = &shared.supervisor;
+    let mut tasks = JoinSet::new();
+    let (done_tx, done_rx) = tokio::sync::mpsc::channel(4096);
+    let fetch = &shared.fetch_cancel;
+    for (name, lanes) in consumers {
+        let policy = shared.queues[&name].clone();
+        let p = producer::Producer::new(shared.clone(), policy, lanes, done_tx.clone());
+        let scope = Some(format!("queue {name}"));
+        let run = p.run(fetch.clone());
+        shared
+            .producers
+            .spawn(sup.service(Service::Producer, scope, fetch.clone(), run));
+    }
+    drop(done_tx);
+    let completer = completer::Completer::new(shared.clone()).run(done_rx);
+    tasks.spawn(sup.service(Service::Completer, None, fetch.clone(), completer));
+    tasks
+}
+
+/// Starts the services that run until `bc` fires, after the jobs drained: the scheduler,
+/// cron, the janitor, the heartbeat, the rescuer, the reconciler, the NATS client's watch
+/// and the listeners.
+fn spawn_background(
+    shared: &Arc<Shared>,
+    listeners: Listeners,
+    bc: &CancellationToken,
+) -> JoinSet<()> {
+    let sup = &shared.supervisor;
+    let sh = shared;
+    let mut background = JoinSet::new();
+    background.spawn(sup.service(
+        Service::Scheduler,
+        None,
+        bc.clone(),
+        scheduler::Scheduler::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Cron,
+        None,
+        bc.clone(),
+        cron::CronService::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Janitor,
+        None,
+        bc.clone(),
+        janitor::Janitor::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Heartbeat,
+        None,
+        bc.clone(),
+        heartbeat::Heartbeat::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Rescuer,
+        None,
+        bc.clone(),
+        rescuer::Rescuer::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Reconciler,
+        None,
+        bc.clone(),
+        reconciler::Reconciler::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::NatsClient,
+        None,
+        bc.clone(),
+        nats_watch::run(sh.broker.client.clone(), bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Api,
+        None,
+        bc.clone(),
+        api::serve(listeners.api, sh.clone(), bc.clone()),
+    ));
+    if let Some((l, _)) = listeners.ops {
+        background.spawn(sup.service(
+            Service::Metrics,
+            None,
+            bc.clone(),
+            api::serve_ops(l, sh.clone(), bc.clone()),
+        ));
+    }
+    if let Some((l, a)) = listeners.dashboard {
+        info!(url = %format!("http://{a}/"), admin = sh.config.dashboard.admin_token.is_some(),
+              "dashboard listening");
+        background.spawn(sup.service(
+            Service::Dashboard,
+            None,
+            bc.clone(),
+            dashboard::serve(l, sh.clone(), bc.clone()),
+        ));
+    }
+    background
 }
 
 impl RunningWorker {

@@ -50,6 +50,8 @@ case "$payload" in *'"corrupt":true'*) echo "corrupt input: cannot parse documen
 echo '{"stage":"upload","progress":0.9}'
 echo '{"result":{"pages":3}}'"#;
 
+// Long on purpose: the demo is a script told in order (start, publish, kill, restart, report).
+#[allow(clippy::too_many_lines)]
 pub async fn run(args: DemoArgs) -> Result<()> {
     let started = Instant::now();
     let nats = match &args.nats_url {

@@ -238,11 +238,7 @@ impl Producer {
         }
         // A worker fenced off (or declared dead) claims nothing: hand the messages back.
         if shared.fenced.load(Ordering::SeqCst) {
-            let back = messages
-                .into_iter()
-                .chain(dropped)
-                .chain(rejected.into_iter().map(|r| r.delivered));
-            self.hand_back(back).await;
+            self.hand_back_group(messages, dropped, rejected).await;
             return;
         }
         while self.pending.len() >= CLAIMS_IN_FLIGHT {
@@ -383,11 +379,7 @@ impl Producer {
         }
         let Some(answers) = answer.answers else {
             drop(ticket);
-            let back = messages
-                .into_iter()
-                .chain(dropped)
-                .chain(rejected.into_iter().map(|r| r.delivered));
-            self.hand_back(back).await;
+            self.hand_back_group(messages, dropped, rejected).await;
             return 0;
         };
         if !answers.registered {
@@ -423,6 +415,20 @@ impl Producer {
         // Every job this claim took is in the ledger now: the heartbeat may judge them.
         drop(ticket);
         self.settle_fates(fates).await
+    }
+
+    /// Hands every message of a group back, whatever was known of it: nothing was claimed.
+    async fn hand_back_group(
+        &mut self,
+        messages: Vec<Delivered>,
+        dropped: Vec<Delivered>,
+        rejected: Vec<Rejected>,
+    ) {
+        let back = messages
+            .into_iter()
+            .chain(dropped)
+            .chain(rejected.into_iter().map(|r| r.delivered));
+        self.hand_back(back).await;
     }
 
     /// The message's own id (for keeping it dead under).
