@@ -1,6 +1,5 @@
-//! The claim pipeline: a group of delivered messages becomes claimed jobs in one
-//! statement (one by one only when PostgreSQL refuses one message's data), and its answer
-//! is taken in: jobs dispatched, the rest acked, kept, recorded or handed back.
+//! A claim group's way: decoded (`decode.rs`), sent as one statement (`statement.rs`), and
+//! its answer taken in here: jobs dispatched, the rest acked, kept, recorded or handed back.
 
 use super::*;
 
@@ -28,40 +27,6 @@ pub(super) struct Claiming {
     pub(super) ticket: crate::worker::ledger::ClaimTicket,
 }
 
-/// What a claim statement answered for its group.
-pub(super) struct ClaimAnswer {
-    /// One answer per input; `None` when nothing was claimed (the database is unavailable).
-    pub(super) answers: Option<Answers>,
-    /// How the database fared, for the outage log, when there is something to say.
-    pub(super) health: Option<Result<(), String>>,
-}
-
-/// The answers of a claim that reached the database.
-pub(super) struct Answers {
-    /// False when this worker is not registered (declared dead): it claimed nothing.
-    pub(super) registered: bool,
-    /// One per input, at the same positions.
-    pub(super) each: Vec<Answer>,
-}
-
-impl ClaimAnswer {
-    /// Nothing claimed: the database failed with `e`.
-    fn failed(e: &crate::store::StoreError) -> ClaimAnswer {
-        ClaimAnswer {
-            answers: None,
-            health: Some(Err(e.to_string())),
-        }
-    }
-
-    /// The statement ran.
-    fn ran(registered: bool, each: Vec<Answer>) -> ClaimAnswer {
-        ClaimAnswer {
-            answers: Some(Answers { registered, each }),
-            health: Some(Ok(())),
-        }
-    }
-}
-
 /// A claim group and its statement's answer, back in the producer.
 pub(super) struct ClaimDone {
     pub(super) group: Claiming,
@@ -69,150 +34,6 @@ pub(super) struct ClaimDone {
 }
 
 pub(super) type Pending = FuturesUnordered<futures::future::BoxFuture<'static, ClaimDone>>;
-
-/// Claims a group. When one message's data makes PostgreSQL reject the whole statement
-/// (a value it cannot store), claims them one by one so only that message is refused,
-/// with PostgreSQL's reason; claims already committed then are kept whatever happens to
-/// the rest.
-pub(super) async fn claim(
-    shared: &Shared,
-    stale: Duration,
-    inputs: &[ClaimInput],
-    known: &[bool],
-) -> ClaimAnswer {
-    // The common case first: the messages are new jobs, and one plain insert claims them.
-    // Messages whose rows probably exist go straight to the full claim: one of them would make
-    // the insert fail as a whole (it then claims nothing, and the full claim takes them all).
-    let new: Vec<usize> = (0..inputs.len()).filter(|&i| !known[i]).collect();
-    if new.is_empty() {
-        return claim_existing(shared, stale, inputs).await;
-    }
-    let subset: Vec<ClaimInput>;
-    let to_insert = if new.len() == inputs.len() {
-        inputs
-    } else {
-        subset = new.iter().map(|&i| inputs[i].clone()).collect();
-        &subset[..]
-    };
-    let fresh = match shared
-        .store
-        .job_claim_new(&shared.worker_id, stale, to_insert)
-        .await
-    {
-        Ok(fresh) => fresh,
-        Err(e) if e.rejected_data().is_none() => return ClaimAnswer::failed(&e),
-        // One message's data was refused: the full claim finds which.
-        Err(_) => return claim_existing(shared, stale, inputs).await,
-    };
-    let fresh = if new.len() == inputs.len() {
-        fresh
-    } else {
-        let mut all = vec![None; inputs.len()];
-        for (i, f) in new.into_iter().zip(fresh) {
-            all[i] = f;
-        }
-        all
-    };
-    if fresh.iter().all(Option::is_some) {
-        let answers = fresh.into_iter().flatten().map(Answer::Claim).collect();
-        return ClaimAnswer::ran(true, answers);
-    }
-    // The rest exist already (or this worker may not claim): the full statement decides.
-    let rest: Vec<ClaimInput> = inputs
-        .iter()
-        .zip(&fresh)
-        .filter(|(_, f)| f.is_none())
-        .map(|(i, _)| i.clone())
-        .collect();
-    let ClaimAnswer { answers, health } = claim_existing(shared, stale, &rest).await;
-    let inserted = fresh.iter().any(Option::is_some);
-    let (registered, mut others) = match answers {
-        Some(a) => (a.registered, a.each.into_iter()),
-        // The inserts are committed claims: they run; the rest goes back.
-        None if inserted => (true, Vec::new().into_iter()),
-        None => {
-            return ClaimAnswer {
-                answers: None,
-                health,
-            }
-        }
-    };
-    let each = fresh
-        .into_iter()
-        .map(|f| match f {
-            Some(c) => Answer::Claim(c),
-            None => others.next().unwrap_or(Answer::NotTried),
-        })
-        .collect();
-    ClaimAnswer {
-        answers: Some(Answers { registered, each }),
-        health,
-    }
-}
-
-/// The full claim (`job_claim.sql`): new jobs and existing rows alike.
-pub(super) async fn claim_existing(
-    shared: &Shared,
-    stale: Duration,
-    inputs: &[ClaimInput],
-) -> ClaimAnswer {
-    let store = &shared.store;
-    let me = &shared.worker_id;
-    match store.job_claim(me, stale, inputs).await {
-        // Not registered: the statement wrote nothing, every message goes back.
-        Ok(a) if !a.alive => {
-            return ClaimAnswer::ran(false, inputs.iter().map(|_| Answer::NotTried).collect());
-        }
-        Ok(a) => return ClaimAnswer::ran(true, a.claims.into_iter().map(Answer::Claim).collect()),
-        Err(e) if e.rejected_data().is_none() => return ClaimAnswer::failed(&e),
-        Err(_) => {}
-    }
-    let mut each = Vec::with_capacity(inputs.len());
-    let mut health = None;
-    // `alive`: still claiming; `registered`: the worker's row said it may.
-    let (mut alive, mut registered) = (true, true);
-    for input in inputs {
-        if !alive {
-            each.push(Answer::NotTried);
-            continue;
-        }
-        match store
-            .job_claim(me, stale, std::slice::from_ref(input))
-            .await
-        {
-            Ok(a) if !a.alive => {
-                registered = false;
-                alive = false;
-                each.push(Answer::NotTried);
-            }
-            Ok(mut a) => each.push(Answer::Claim(a.claims.remove(0))),
-            Err(e) => match e.rejected_data() {
-                Some(reason) => each.push(Answer::Refused(format!(
-                    "PostgreSQL cannot store this job: {reason}"
-                ))),
-                // Gone mid-way: what was claimed stays claimed, the rest goes back.
-                None => {
-                    health = Some(Err(e.to_string()));
-                    alive = false;
-                    each.push(Answer::NotTried);
-                }
-            },
-        }
-    }
-    ClaimAnswer {
-        answers: Some(Answers { registered, each }),
-        health,
-    }
-}
-
-/// A message jobwarden republished from the job's row (the scheduler, for a retry, a due or
-/// an SQL-enqueued job): `Nats-Msg-Id: <id>:<generation>`.
-pub(super) fn republished(msg_id: &str, id: &str) -> bool {
-    msg_id
-        .strip_prefix(id)
-        .and_then(|rest| rest.strip_prefix(':'))
-        .is_some_and(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
-}
 
 impl Producer {
     /// Decodes a group of messages and starts its claim statement; returns without waiting
@@ -274,87 +95,6 @@ impl Producer {
             }
             .boxed(),
         );
-    }
-
-    /// Decodes a group's messages: the claimable ones with their claim inputs, and those
-    /// whose fate is known already (invalid, a duplicate within the group, a priority that
-    /// contradicts the subject).
-    fn decode(&self, arrived: Vec<Delivered>) -> Decoded {
-        let max_bytes = self.shared.config.worker.max_payload_bytes;
-        let stream = self.shared.broker.stream_name().to_string();
-        let queue = self.policy.name.clone();
-        // The claimable messages, and their claim inputs at the same positions.
-        let mut inputs: Vec<ClaimInput> = Vec::with_capacity(arrived.len());
-        let mut known: Vec<bool> = Vec::with_capacity(arrived.len());
-        let mut messages: Vec<Delivered> = Vec::with_capacity(arrived.len());
-        let mut rejected: Vec<Rejected> = Vec::new();
-        let mut dropped: Vec<Delivered> = Vec::new();
-        let mut mismatched = Vec::new();
-        let mut seen = HashSet::with_capacity(arrived.len());
-        for d in arrived {
-            let msg_id = d.header(async_nats::header::NATS_MESSAGE_ID.as_ref());
-            let origin = MessageOrigin {
-                queue: &queue,
-                stream: &stream,
-                stream_seq: d.seq,
-                stored_ns: d.stored_ns,
-                msg_id: msg_id.as_deref(),
-            };
-            match job::decode(&d.msg.payload, &origin, max_bytes) {
-                Ok(mut job) if seen.insert(job.id.clone()) => {
-                    // The subject a message came by is its priority: the lane it is delivered
-                    // in. An envelope naming another one could not be honoured (JetStream has
-                    // the message in that lane's order already), so it is refused, saying
-                    // which subject to publish it to; stored, it would run at one priority and
-                    // say another.
-                    let lane_priority = d.band.map_or(job::DEFAULT_PRIORITY, i16::from);
-                    if job.priority_named && job.priority != lane_priority {
-                        let reason =
-                            priority_mismatch(&self.shared, &queue, job.priority, lane_priority);
-                        let max_attempts =
-                            job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
-                        let own = d.own_id(&queue, &stream);
-                        let input = ClaimInput {
-                            job,
-                            max_attempts,
-                            traceparent: None,
-                        };
-                        mismatched.push((relabel(input, &own), reason, Some(d)));
-                        continue;
-                    }
-                    job.priority = lane_priority;
-                    let max_attempts = job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
-                    // A job with an idempotency key may be a duplicate by design.
-                    known.push(
-                        d.delivered > 1
-                            || job.idempotency_key.is_some()
-                            || msg_id.as_deref().is_some_and(|m| republished(m, &job.id)),
-                    );
-                    inputs.push(ClaimInput {
-                        job,
-                        max_attempts,
-                        traceparent: d
-                            .header("traceparent")
-                            .filter(|t| crate::contract::traceparent(t).is_some()),
-                    });
-                    messages.push(d);
-                }
-                Ok(_) => dropped.push(d),
-                Err(e) => rejected.push(Rejected {
-                    id: d.own_id(&queue, &stream),
-                    reason: e.to_string(),
-                    delivered: d,
-                }),
-            }
-        }
-        Decoded {
-            inputs,
-            known,
-            messages,
-            rejected,
-            dropped,
-            mismatched,
-        }
     }
 
     /// Takes a claim's answer: runs what it claimed, acks and drops what needs nothing,
@@ -567,19 +307,6 @@ impl Producer {
     }
 }
 
-/// A group's messages, decoded: the claimable ones (with their inputs at the same
-/// positions) and the rest.
-struct Decoded {
-    inputs: Vec<ClaimInput>,
-    /// Per input: its row probably exists (see `Claiming::known`).
-    known: Vec<bool>,
-    messages: Vec<Delivered>,
-    rejected: Vec<Rejected>,
-    dropped: Vec<Delivered>,
-    /// Envelopes naming another priority than their subject's: kept as dead jobs.
-    mismatched: Vec<(ClaimInput, String, Option<Delivered>)>,
-}
-
 /// Where the messages of a claim group go once its answer is in.
 #[derive(Default)]
 struct Fates {
@@ -594,21 +321,4 @@ struct Fates {
     /// Reused a taken id: kept as dead jobs under their own message id, with their own
     /// payload, so a retry runs them.
     conflicts: Vec<(ClaimInput, String, Option<Delivered>)>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::republished;
-
-    #[test]
-    fn a_message_id_with_the_jobs_generation_marks_a_republish() {
-        assert!(republished("order-1:1", "order-1"));
-        assert!(republished("order-1:42", "order-1"));
-        // What producers send: the id alone, another id, or a suffix that is not a generation.
-        assert!(!republished("order-1", "order-1"));
-        assert!(!republished("order-1:", "order-1"));
-        assert!(!republished("order-1:x2", "order-1"));
-        assert!(!republished("order-12:1", "order-1"));
-        assert!(!republished("other:1", "order-1"));
-    }
 }

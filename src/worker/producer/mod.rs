@@ -42,15 +42,20 @@ use tracing::{debug, error, warn};
 
 mod claim;
 mod consumers;
+mod decode;
 mod delivered;
+mod intake;
 mod pulls;
 mod rejected;
 mod slots;
+mod statement;
 
 use claim::*;
+use decode::*;
 use pulls::*;
 use rejected::*;
 use slots::*;
+use statement::*;
 
 pub(crate) use delivered::Delivered;
 pub(crate) use rejected::{invalid_payload, record_invalid, Rejected};
@@ -343,211 +348,6 @@ impl Producer {
         self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX)
     }
 
-    /// Held messages first — those of the highest lane that has work; one of a lower lane
-    /// waits (and goes back after HOLD_MAX), so priorities stay strict. Returns whether it
-    /// admitted some and the loop should look again at once.
-    async fn admit_held(&mut self, room: Room) -> bool {
-        if room.free_for_work == 0 || self.held.is_empty() {
-            return false;
-        }
-        let best_hot = self.best_hot();
-        self.held.sort_by_key(|(d, _)| d.rank);
-        let n = self
-            .held
-            .iter()
-            .take_while(|(d, _)| d.rank <= best_hot)
-            .count()
-            .min(room.free_for_work);
-        if n == 0 {
-            return false;
-        }
-        self.book.take_from_watches(n.saturating_sub(room.free));
-        let take: Vec<Delivered> = self.held.drain(..n).map(|(d, _)| d).collect();
-        let before = self.held.len();
-        self.admit(take).await;
-        // Unless messages went back to wait for grants (then on to the timers).
-        self.held.len() <= before
-    }
-
-    /// Held messages that waited HOLD_MAX (all of them when fenced) go back to the stream.
-    fn send_back_held(&mut self, fenced: bool) {
-        if self.held.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let (back, keep): (Vec<_>, Vec<_>) = self
-            .held
-            .drain(..)
-            .partition(|(_, at)| fenced || now.duration_since(*at) >= HOLD_MAX);
-        self.held = keep;
-        for (d, _) in back {
-            // Every slot is busy: back to the stream; the lane stays hot, so it is pulled
-            // from as soon as a slot frees.
-            if let Some(l) = self.lanes.get_mut(d.rank) {
-                l.hot = true;
-            }
-            self.shared.outbound.ack(&d.acker(), AckKind::Nak(None));
-        }
-    }
-
-    /// Sends a work pull to the lane whose turn it is, when there is room enough (or none is
-    /// open). Returns whether it sent one and the loop should look again at once.
-    async fn pull_work(&mut self, room: Room) -> bool {
-        let wanted = room.free_for_work >= self.refill_at || self.book.work_pulls() == 0;
-        if room.free_for_work == 0
-            || !wanted
-            || !self.pull_backoff.is_zero()
-            || !self.lanes.iter().any(|l| l.hot)
-        {
-            return false;
-        }
-        let mut n = room.free_for_work.min(self.batch_cap);
-        // Under a cap or rate limit: only as many as there are grants for (the open pulls'
-        // messages have theirs).
-        if let Some(flow) = self.flow.as_mut() {
-            let reserved = self.book.reserved();
-            let held = flow.reserve(reserved + n).await;
-            n = n.min(held.saturating_sub(reserved));
-        }
-        let Some(i) = (n > 0).then(|| self.next_lane()).flatten() else {
-            return false;
-        };
-        match self.send_pull(i, n, self.pull_bytes, false).await {
-            Ok(stream) => {
-                self.pull_outage.ok();
-                self.book.take_from_watches(n.saturating_sub(room.free));
-                let id = self.book.opened(i, PullKind::Work, n);
-                self.watch_pull(stream, id, i, BROKER_CALL_LIMIT);
-                true
-            }
-            Err(e) => {
-                self.pull_failed(i, e).await;
-                false
-            }
-        }
-    }
-
-    /// Every lane that looked empty keeps a doorbell open, so a message on any lane is seen
-    /// at once, whatever the others hold; the watched lane a watch over the free slots, when
-    /// there are any.
-    async fn open_long_polls(&mut self) {
-        if !self.pull_backoff.is_zero() {
-            return;
-        }
-        for i in 0..self.lanes.len() {
-            if self.lanes[i].hot || self.lanes[i].doorbell {
-                continue;
-            }
-            let free = self.free_slots().saturating_sub(self.book.reserved());
-            let (kind, n) = if self.watched == Some(i) && free > 0 {
-                (PullKind::Watch, free.min(self.batch_cap))
-            } else {
-                (PullKind::Doorbell, 1)
-            };
-            match self.send_pull(i, n, self.pull_bytes, true).await {
-                Ok(stream) => {
-                    self.pull_outage.ok();
-                    let id = self.book.opened(i, kind, n);
-                    self.lanes[i].doorbell = true;
-                    self.watch_pull(stream, id, i, PULL_EXPIRES + BROKER_CALL_LIMIT);
-                }
-                Err(e) => {
-                    self.pull_failed(i, e).await;
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Adds a pull's messages to the events the loop waits for.
-    fn watch_pull(
-        &mut self,
-        batch: async_nats::jetstream::consumer::pull::Batch,
-        id: u64,
-        lane: usize,
-        idle: Duration,
-    ) {
-        let name = self.lanes[lane].lane.to_string().into();
-        self.pulls.push(tag(batch, id, idle, name));
-    }
-
-    /// A pull request the server did not take: back off, and make sure the lane's consumer
-    /// still exists.
-    async fn pull_failed(&mut self, i: usize, e: String) {
-        let cause = format!("pull request on {} failed: {e}", self.lanes[i].lane);
-        self.pull_backoff = self
-            .pull_outage
-            .failed(&cause)
-            .max(Duration::from_millis(500));
-        self.check_consumer(i, true).await;
-    }
-
-    /// Takes `ev` and every other pull event already waiting (up to a claim group's worth):
-    /// their messages are claimed together in one statement.
-    fn take_events(&mut self, ev: PullEvent) -> Arrivals {
-        let mut got = Arrivals::default();
-        let mut ev = Some(ev);
-        while let Some(e) = ev.take() {
-            match e {
-                PullEvent::Msg(id, m) => {
-                    let Some(a) = self.book.message(id, m.length as u64) else {
-                        continue;
-                    };
-                    let lane = &mut self.lanes[a.lane];
-                    // One that came without a slot: the lane has work, and its priority
-                    // decides what runs next.
-                    if !a.with_slot {
-                        lane.hot = true;
-                    }
-                    let d = Delivered::new(m, &lane.lane, a.lane);
-                    if a.with_slot {
-                        got.arrived.push(d);
-                    } else {
-                        got.slotless.push(d);
-                    }
-                }
-                PullEvent::Failed(cause) => {
-                    debug!(queue = %self.policy.name, %cause, "pull status");
-                }
-                PullEvent::End(id) => {
-                    if let Some(p) = self.book.ended(id) {
-                        self.pull_ended(&p, &mut got);
-                    }
-                }
-            }
-            if got.arrived.len() + got.slotless.len() >= self.batch_cap {
-                break;
-            }
-            ev = self.pulls.next().now_or_never().flatten();
-        }
-        got
-    }
-
-    /// What a pull's end says about its lane.
-    fn pull_ended(&mut self, p: &Pull, got: &mut Arrivals) {
-        let lane = &mut self.lanes[p.lane];
-        match p.kind {
-            PullKind::Doorbell => lane.doorbell = false,
-            PullKind::Watch => {
-                lane.doorbell = false;
-                // Filled: more may be waiting.
-                if p.remaining == 0 {
-                    lane.hot = true;
-                }
-            }
-            // Ended short: the lane ran dry; a doorbell or a watch looks after it.
-            PullKind::Work if p.remaining > 0 => lane.hot = false,
-            PullKind::Work => {}
-        }
-        self.shared
-            .stats
-            .largest_pull_bytes
-            .fetch_max(p.bytes, Ordering::Relaxed);
-        if p.bytes == 0 {
-            got.empty_ended.push(p.lane);
-        }
-    }
-
     /// Reports the jobs that ended to the queue's grants; with nothing to pull, the grants
     /// held go back for other workers.
     async fn settle_flow(&mut self) {
@@ -559,59 +359,6 @@ impl Producer {
         if self.book.work_pulls() == 0 && self.held.is_empty() && self.lanes.iter().all(|l| !l.hot)
         {
             f.give_back().await;
-        }
-    }
-
-    /// Places the messages that arrived: ready to claim when a slot is theirs, held when
-    /// not. A pull that brought nothing may mean its consumer is gone.
-    async fn take_in(&mut self, got: Arrivals) {
-        let Arrivals {
-            mut arrived,
-            slotless,
-            empty_ended,
-        } = got;
-        if !slotless.is_empty() {
-            // A message that came without a slot never takes a free one from a
-            // higher-priority lane that has work: that lane's next pull gets the slot. It
-            // waits with the held ones (and goes back to the stream after HOLD_MAX).
-            let best_hot = self.best_hot();
-            let now = Instant::now();
-            for d in slotless {
-                if d.rank > best_hot {
-                    self.held.push((d, now));
-                } else {
-                    arrived.push(d);
-                }
-            }
-        }
-        if !arrived.is_empty() {
-            // A work pull's messages have their slots (a watch's, those it still held); a
-            // doorbell's only if one is free.
-            arrived.sort_by_key(|d| d.rank);
-            let room = self.free_slots().saturating_sub(self.book.reserved());
-            if arrived.len() > room {
-                let now = Instant::now();
-                self.held.extend(arrived.drain(room..).map(|d| (d, now)));
-            }
-            self.ready.append(&mut arrived);
-        } else {
-            for i in empty_ended {
-                self.check_consumer(i, false).await;
-            }
-        }
-    }
-
-    /// Claims what is ready while a statement may go out (a queue under a cap or rate limit
-    /// claims one group at a time, inside `admit`). Highest priority first (a stable sort:
-    /// arrival order within a lane); taking from the front keeps the rest sorted.
-    async fn claim_ready(&mut self) {
-        self.ready.sort_by_key(|d| d.rank);
-        while !self.ready.is_empty()
-            && (self.flow.is_some() || self.pending.len() < CLAIMS_IN_FLIGHT)
-        {
-            let take = self.ready.len().min(self.batch_cap);
-            let group: Vec<Delivered> = self.ready.drain(..take).collect();
-            self.admit(group).await;
         }
     }
 
@@ -647,36 +394,6 @@ impl Producer {
         if let Some(f) = self.flow.as_mut() {
             f.jobs_ended(self.freed.take());
             f.report_ended().await;
-        }
-    }
-
-    /// Claims messages of a queue without limits at once; under a cap or rate limit only as
-    /// many as it holds grants for (the rest wait in `held`, highest priority first).
-    async fn admit(&mut self, mut msgs: Vec<Delivered>) {
-        let Some(flow) = self.flow.as_mut() else {
-            self.start_claim(msgs).await;
-            return;
-        };
-        let granted = flow.reserve(msgs.len()).await;
-        if msgs.len() > granted {
-            msgs.sort_by_key(|d| d.rank);
-            self.held.extend(msgs.drain(granted..).map(|d| {
-                let at = d.arrived;
-                (d, at)
-            }));
-        }
-        if msgs.is_empty() {
-            return;
-        }
-        let n = msgs.len();
-        // Under a cap or rate limit, one claim at a time: the grants used are known at once.
-        self.start_claim(msgs).await;
-        let mut started = 0;
-        while let Some(done) = self.pending.next().await {
-            started += self.finish_claim(done).await;
-        }
-        if let Some(flow) = self.flow.as_mut() {
-            flow.used(n, started).await;
         }
     }
 

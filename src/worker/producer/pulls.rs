@@ -188,6 +188,164 @@ impl PullBook {
 }
 
 impl Producer {
+    /// Sends a work pull to the lane whose turn it is, when there is room enough (or none is
+    /// open). Returns whether it sent one and the loop should look again at once.
+    pub(super) async fn pull_work(&mut self, room: Room) -> bool {
+        let wanted = room.free_for_work >= self.refill_at || self.book.work_pulls() == 0;
+        if room.free_for_work == 0
+            || !wanted
+            || !self.pull_backoff.is_zero()
+            || !self.lanes.iter().any(|l| l.hot)
+        {
+            return false;
+        }
+        let mut n = room.free_for_work.min(self.batch_cap);
+        // Under a cap or rate limit: only as many as there are grants for (the open pulls'
+        // messages have theirs).
+        if let Some(flow) = self.flow.as_mut() {
+            let reserved = self.book.reserved();
+            let held = flow.reserve(reserved + n).await;
+            n = n.min(held.saturating_sub(reserved));
+        }
+        let Some(i) = (n > 0).then(|| self.next_lane()).flatten() else {
+            return false;
+        };
+        match self.send_pull(i, n, self.pull_bytes, false).await {
+            Ok(stream) => {
+                self.pull_outage.ok();
+                self.book.take_from_watches(n.saturating_sub(room.free));
+                let id = self.book.opened(i, PullKind::Work, n);
+                self.watch_pull(stream, id, i, BROKER_CALL_LIMIT);
+                true
+            }
+            Err(e) => {
+                self.pull_failed(i, e).await;
+                false
+            }
+        }
+    }
+
+    /// Every lane that looked empty keeps a doorbell open, so a message on any lane is seen
+    /// at once, whatever the others hold; the watched lane a watch over the free slots, when
+    /// there are any.
+    pub(super) async fn open_long_polls(&mut self) {
+        if !self.pull_backoff.is_zero() {
+            return;
+        }
+        for i in 0..self.lanes.len() {
+            if self.lanes[i].hot || self.lanes[i].doorbell {
+                continue;
+            }
+            let free = self.free_slots().saturating_sub(self.book.reserved());
+            let (kind, n) = if self.watched == Some(i) && free > 0 {
+                (PullKind::Watch, free.min(self.batch_cap))
+            } else {
+                (PullKind::Doorbell, 1)
+            };
+            match self.send_pull(i, n, self.pull_bytes, true).await {
+                Ok(stream) => {
+                    self.pull_outage.ok();
+                    let id = self.book.opened(i, kind, n);
+                    self.lanes[i].doorbell = true;
+                    self.watch_pull(stream, id, i, PULL_EXPIRES + BROKER_CALL_LIMIT);
+                }
+                Err(e) => {
+                    self.pull_failed(i, e).await;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Adds a pull's messages to the events the loop waits for.
+    pub(super) fn watch_pull(
+        &mut self,
+        batch: async_nats::jetstream::consumer::pull::Batch,
+        id: u64,
+        lane: usize,
+        idle: Duration,
+    ) {
+        let name = self.lanes[lane].lane.to_string().into();
+        self.pulls.push(tag(batch, id, idle, name));
+    }
+
+    /// A pull request the server did not take: back off, and make sure the lane's consumer
+    /// still exists.
+    pub(super) async fn pull_failed(&mut self, i: usize, e: String) {
+        let cause = format!("pull request on {} failed: {e}", self.lanes[i].lane);
+        self.pull_backoff = self
+            .pull_outage
+            .failed(&cause)
+            .max(Duration::from_millis(500));
+        self.check_consumer(i, true).await;
+    }
+
+    /// Takes `ev` and every other pull event already waiting (up to a claim group's worth):
+    /// their messages are claimed together in one statement.
+    pub(super) fn take_events(&mut self, ev: PullEvent) -> Arrivals {
+        let mut got = Arrivals::default();
+        let mut ev = Some(ev);
+        while let Some(e) = ev.take() {
+            match e {
+                PullEvent::Msg(id, m) => {
+                    let Some(a) = self.book.message(id, m.length as u64) else {
+                        continue;
+                    };
+                    let lane = &mut self.lanes[a.lane];
+                    // One that came without a slot: the lane has work, and its priority
+                    // decides what runs next.
+                    if !a.with_slot {
+                        lane.hot = true;
+                    }
+                    let d = Delivered::new(m, &lane.lane, a.lane);
+                    if a.with_slot {
+                        got.arrived.push(d);
+                    } else {
+                        got.slotless.push(d);
+                    }
+                }
+                PullEvent::Failed(cause) => {
+                    debug!(queue = %self.policy.name, %cause, "pull status");
+                }
+                PullEvent::End(id) => {
+                    if let Some(p) = self.book.ended(id) {
+                        self.pull_ended(&p, &mut got);
+                    }
+                }
+            }
+            if got.arrived.len() + got.slotless.len() >= self.batch_cap {
+                break;
+            }
+            ev = self.pulls.next().now_or_never().flatten();
+        }
+        got
+    }
+
+    /// What a pull's end says about its lane.
+    pub(super) fn pull_ended(&mut self, p: &Pull, got: &mut Arrivals) {
+        let lane = &mut self.lanes[p.lane];
+        match p.kind {
+            PullKind::Doorbell => lane.doorbell = false,
+            PullKind::Watch => {
+                lane.doorbell = false;
+                // Filled: more may be waiting.
+                if p.remaining == 0 {
+                    lane.hot = true;
+                }
+            }
+            // Ended short: the lane ran dry; a doorbell or a watch looks after it.
+            PullKind::Work if p.remaining > 0 => lane.hot = false,
+            PullKind::Work => {}
+        }
+        self.shared
+            .stats
+            .largest_pull_bytes
+            .fetch_max(p.bytes, Ordering::Relaxed);
+        if p.bytes == 0 {
+            got.empty_ended.push(p.lane);
+        }
+    }
+
     /// Sends a pull request for up to `n` messages to lane `i` (bounded in time): a work
     /// pull takes what the lane holds now and ends (`no_wait`); a long poll (doorbell or
     /// watch) waits up to [`PULL_EXPIRES`] for its messages.

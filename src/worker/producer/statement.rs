@@ -1,0 +1,173 @@
+//! The claim statement: one insert for a group of new jobs, the full claim for the rest,
+//! one by one only when PostgreSQL refuses one message's data; and its answer, by name.
+
+use super::*;
+
+/// What a claim statement answered for its group.
+pub(super) struct ClaimAnswer {
+    /// One answer per input; `None` when nothing was claimed (the database is unavailable).
+    pub(super) answers: Option<Answers>,
+    /// How the database fared, for the outage log, when there is something to say.
+    pub(super) health: Option<Result<(), String>>,
+}
+
+/// The answers of a claim that reached the database.
+pub(super) struct Answers {
+    /// False when this worker is not registered (declared dead): it claimed nothing.
+    pub(super) registered: bool,
+    /// One per input, at the same positions.
+    pub(super) each: Vec<Answer>,
+}
+
+impl ClaimAnswer {
+    /// Nothing claimed: the database failed with `e`.
+    fn failed(e: &crate::store::StoreError) -> ClaimAnswer {
+        ClaimAnswer {
+            answers: None,
+            health: Some(Err(e.to_string())),
+        }
+    }
+
+    /// The statement ran.
+    fn ran(registered: bool, each: Vec<Answer>) -> ClaimAnswer {
+        ClaimAnswer {
+            answers: Some(Answers { registered, each }),
+            health: Some(Ok(())),
+        }
+    }
+}
+
+/// Claims a group. When one message's data makes PostgreSQL reject the whole statement
+/// (a value it cannot store), claims them one by one so only that message is refused,
+/// with PostgreSQL's reason; claims already committed then are kept whatever happens to
+/// the rest.
+pub(super) async fn claim(
+    shared: &Shared,
+    stale: Duration,
+    inputs: &[ClaimInput],
+    known: &[bool],
+) -> ClaimAnswer {
+    // The common case first: the messages are new jobs, and one plain insert claims them.
+    // Messages whose rows probably exist go straight to the full claim: one of them would make
+    // the insert fail as a whole (it then claims nothing, and the full claim takes them all).
+    let new: Vec<usize> = (0..inputs.len()).filter(|&i| !known[i]).collect();
+    if new.is_empty() {
+        return claim_existing(shared, stale, inputs).await;
+    }
+    let subset: Vec<ClaimInput>;
+    let to_insert = if new.len() == inputs.len() {
+        inputs
+    } else {
+        subset = new.iter().map(|&i| inputs[i].clone()).collect();
+        &subset[..]
+    };
+    let fresh = match shared
+        .store
+        .job_claim_new(&shared.worker_id, stale, to_insert)
+        .await
+    {
+        Ok(fresh) => fresh,
+        Err(e) if e.rejected_data().is_none() => return ClaimAnswer::failed(&e),
+        // One message's data was refused: the full claim finds which.
+        Err(_) => return claim_existing(shared, stale, inputs).await,
+    };
+    let fresh = if new.len() == inputs.len() {
+        fresh
+    } else {
+        let mut all = vec![None; inputs.len()];
+        for (i, f) in new.into_iter().zip(fresh) {
+            all[i] = f;
+        }
+        all
+    };
+    if fresh.iter().all(Option::is_some) {
+        let answers = fresh.into_iter().flatten().map(Answer::Claim).collect();
+        return ClaimAnswer::ran(true, answers);
+    }
+    // The rest exist already (or this worker may not claim): the full statement decides.
+    let rest: Vec<ClaimInput> = inputs
+        .iter()
+        .zip(&fresh)
+        .filter(|(_, f)| f.is_none())
+        .map(|(i, _)| i.clone())
+        .collect();
+    let ClaimAnswer { answers, health } = claim_existing(shared, stale, &rest).await;
+    let inserted = fresh.iter().any(Option::is_some);
+    let (registered, mut others) = match answers {
+        Some(a) => (a.registered, a.each.into_iter()),
+        // The inserts are committed claims: they run; the rest goes back.
+        None if inserted => (true, Vec::new().into_iter()),
+        None => {
+            return ClaimAnswer {
+                answers: None,
+                health,
+            }
+        }
+    };
+    let each = fresh
+        .into_iter()
+        .map(|f| match f {
+            Some(c) => Answer::Claim(c),
+            None => others.next().unwrap_or(Answer::NotTried),
+        })
+        .collect();
+    ClaimAnswer {
+        answers: Some(Answers { registered, each }),
+        health,
+    }
+}
+
+/// The full claim (`job_claim.sql`): new jobs and existing rows alike.
+pub(super) async fn claim_existing(
+    shared: &Shared,
+    stale: Duration,
+    inputs: &[ClaimInput],
+) -> ClaimAnswer {
+    let store = &shared.store;
+    let me = &shared.worker_id;
+    match store.job_claim(me, stale, inputs).await {
+        // Not registered: the statement wrote nothing, every message goes back.
+        Ok(a) if !a.alive => {
+            return ClaimAnswer::ran(false, inputs.iter().map(|_| Answer::NotTried).collect());
+        }
+        Ok(a) => return ClaimAnswer::ran(true, a.claims.into_iter().map(Answer::Claim).collect()),
+        Err(e) if e.rejected_data().is_none() => return ClaimAnswer::failed(&e),
+        Err(_) => {}
+    }
+    let mut each = Vec::with_capacity(inputs.len());
+    let mut health = None;
+    // `alive`: still claiming; `registered`: the worker's row said it may.
+    let (mut alive, mut registered) = (true, true);
+    for input in inputs {
+        if !alive {
+            each.push(Answer::NotTried);
+            continue;
+        }
+        match store
+            .job_claim(me, stale, std::slice::from_ref(input))
+            .await
+        {
+            Ok(a) if !a.alive => {
+                registered = false;
+                alive = false;
+                each.push(Answer::NotTried);
+            }
+            Ok(mut a) => each.push(Answer::Claim(a.claims.remove(0))),
+            Err(e) => match e.rejected_data() {
+                Some(reason) => each.push(Answer::Refused(format!(
+                    "PostgreSQL cannot store this job: {reason}"
+                ))),
+                // Gone mid-way: what was claimed stays claimed, the rest goes back.
+                None => {
+                    health = Some(Err(e.to_string()));
+                    alive = false;
+                    each.push(Answer::NotTried);
+                }
+            },
+        }
+    }
+    ClaimAnswer {
+        answers: Some(Answers { registered, each }),
+        health,
+    }
+}
