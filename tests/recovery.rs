@@ -810,13 +810,8 @@ async fn a_finished_job_whose_settle_has_not_committed_keeps_its_message_unacked
     )
     .await
     .unwrap();
-    let me: i32 = tx
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
     finish.notify_one();
-    let blocked = waits_on(&env.store, me, Duration::from_secs(10)).await;
+    let blocked = waits_on(&env.store, &tx, Duration::from_secs(10)).await;
     assert!(
         blocked,
         "the worker's settle never waited on the locked row"
@@ -921,11 +916,6 @@ async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbe
     )
     .await
     .unwrap();
-    let me: i32 = tx
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
     // Both messages wait in the stream before the worker starts, so they arrive as one
     // group: `fresh` is new (its row is inserted and committed at once), `blocker` carries
     // an idempotency key (its row may exist: the full claim, which waits on the lock).
@@ -937,7 +927,7 @@ async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbe
     )
     .await;
     let worker = env.worker(&[("h", h)]).await;
-    let blocked = waits_on(&env.store, me, Duration::from_secs(10)).await;
+    let blocked = waits_on(&env.store, &tx, Duration::from_secs(10)).await;
     assert!(blocked, "the claim of `blocker` never waited on the lock");
     assert_eq!(
         env.status_of("fresh").await.as_deref(),
@@ -966,8 +956,17 @@ async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbe
     worker.shutdown().await;
 }
 
-/// Whether some session came to wait on a lock that backend `pid` holds within `limit`.
-async fn waits_on(store: &jobwarden::store::Store, pid: i32, limit: Duration) -> bool {
+/// Whether some session came to wait, within `limit`, on a lock that transaction `tx` holds.
+async fn waits_on(
+    store: &jobwarden::store::Store,
+    tx: &deadpool_postgres::Transaction<'_>,
+    limit: Duration,
+) -> bool {
+    let pid: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
     let watcher = store.raw().await.unwrap();
     wait_for(limit, || async {
         watcher
