@@ -908,24 +908,11 @@ async fn a_committed_claim_whose_answer_is_late_is_not_given_back_by_the_heartbe
     // Another transaction inserts the row of `blocker` and holds it uncommitted: the claim of
     // its message waits on it.
     let mut locker = env.store.raw().await.unwrap();
-    let tx = locker.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO jobs (id, queue, payload, status, max_attempts) \
-         VALUES ('blocker', 'work', '{}', 'queued', 3)",
-        &[],
-    )
-    .await
-    .unwrap();
+    let tx = hold_blocker(&mut locker).await;
     // Both messages wait in the stream before the worker starts, so they arrive as one
     // group: `fresh` is new (its row is inserted and committed at once), `blocker` carries
     // an idempotency key (its row may exist: the full claim, which waits on the lock).
-    env.publish_raw("work", r#"{"id":"fresh","payload":{}}"#)
-        .await;
-    env.publish_raw(
-        "work",
-        r#"{"id":"blocker","idempotency_key":"k-blocker","payload":{}}"#,
-    )
-    .await;
+    publish_fresh_and_blocker(&env).await;
     let worker = env.worker(&[("h", h)]).await;
     let blocked = waits_on(&env.store, &tx, Duration::from_secs(10)).await;
     assert!(blocked, "the claim of `blocker` never waited on the lock");
@@ -980,4 +967,82 @@ async fn waits_on(
             >= 1
     })
     .await
+}
+
+/// Inserts the row of `blocker` in a transaction it keeps open: the claim of its message
+/// waits on it.
+async fn hold_blocker(
+    locker: &mut deadpool_postgres::Object,
+) -> deadpool_postgres::Transaction<'_> {
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO jobs (id, queue, payload, status, max_attempts) \
+         VALUES ('blocker', 'work', '{}', 'queued', 3)",
+        &[],
+    )
+    .await
+    .unwrap();
+    tx
+}
+
+/// Publishes `fresh` (a new job: its row is inserted and committed at once) and `blocker`
+/// (with an idempotency key: the full claim, which waits on `hold_blocker`'s row). Published
+/// before the worker starts, they arrive as one group.
+async fn publish_fresh_and_blocker(env: &TestEnv) {
+    env.publish_raw("work", r#"{"id":"fresh","payload":{}}"#)
+        .await;
+    env.publish_raw(
+        "work",
+        r#"{"id":"blocker","idempotency_key":"k-blocker","payload":{}}"#,
+    )
+    .await;
+}
+
+/// A claim answered after its jobs' stale deadline (counted from the statement's start) is
+/// given back, not run: meanwhile the stale sweep took `fresh` and it ran again as attempt 2,
+/// so running the late answer's attempt too would run one job twice at once (the chaos test
+/// saw it after a 3 s database stall).
+#[tokio::test]
+async fn a_claim_answered_after_its_stale_deadline_is_given_back_not_run() {
+    let env = TestEnv::new(&with_worker(
+        "heartbeat_every = \"200ms\"\ndead_after = \"10s\"\nsweep_every = \"200ms\"\n\
+         [queues.work]\nconcurrency = 4\nstale_after = \"1s\"\n\
+         handler = { kind = \"rust\", name = \"h\" }\n",
+    ))
+    .await;
+    let runs: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    let r = runs.clone();
+    let h = from_fn(move |job| {
+        let r = r.clone();
+        async move {
+            *r.lock().unwrap().entry(job.id.clone()).or_default() += 1;
+            Ok(None)
+        }
+    });
+    let mut locker = env.store.raw().await.unwrap();
+    let tx = hold_blocker(&mut locker).await;
+    publish_fresh_and_blocker(&env).await;
+    let worker = env.worker(&[("h", h)]).await;
+    assert!(
+        waits_on(&env.store, &tx, Duration::from_secs(10)).await,
+        "the claim of `blocker` never waited on the lock"
+    );
+    // The premise: the stale sweep takes `fresh` from the waiting claim, and its next
+    // attempt runs and completes.
+    assert!(env.wait_status("fresh", "completed", 15).await);
+    assert_eq!(
+        outcomes(&env.store, "fresh").await,
+        vec!["stale", "completed"]
+    );
+
+    // The lock goes: the late answer of attempt 1 comes in, and must not run it.
+    tx.rollback().await.unwrap();
+    assert!(env.wait_status("blocker", "completed", 10).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        runs.lock().unwrap().get("fresh").copied(),
+        Some(1),
+        "the late claim's attempt ran beside the one the stale sweep made"
+    );
+    worker.shutdown().await;
 }

@@ -25,6 +25,8 @@ pub(super) struct Claiming {
     pub(super) dropped: Vec<Delivered>,
     /// Held until the claim's answer is taken in (see `Ledger::claim_ticket`).
     pub(super) ticket: crate::worker::ledger::ClaimTicket,
+    /// When its statement was sent: the jobs' stale deadlines count from about then.
+    pub(super) sent: Instant,
 }
 
 /// A claim group and its statement's answer, back in the producer.
@@ -86,6 +88,7 @@ impl Producer {
             rejected,
             dropped,
             ticket: shared.ledger.claim_ticket(),
+            sent: Instant::now(),
         };
         let stale = self.policy.stale_after;
         self.pending.push(
@@ -108,6 +111,7 @@ impl Producer {
             rejected,
             dropped,
             ticket,
+            sent,
         } = group;
         self.claiming -= messages.len();
         match answer.health {
@@ -136,12 +140,22 @@ impl Producer {
         };
         // A claim that committed as the worker fenced itself off (its answer came late) must
         // not run: others may take these jobs soon. They are given back, attempt refunded.
-        let stopping = self.stop.is_cancelled();
-        let give_back = self.shared.fenced.load(Ordering::SeqCst) || stopping;
+        // So must a claim answered so late that its jobs' stale deadlines (counted by the
+        // database from the statement's start) are half gone: another worker's stale sweep
+        // may take them while their handlers start here (a stalled database, a long wait).
+        let give_back = if self.stop.is_cancelled() {
+            Some(GiveBack::Stopping)
+        } else if self.shared.fenced.load(Ordering::SeqCst) {
+            Some(GiveBack::Fenced)
+        } else if sent.elapsed() > self.policy.stale_after / 2 {
+            Some(GiveBack::Late)
+        } else {
+            None
+        };
         for ((input, d), answer) in inputs.into_iter().zip(messages).zip(answers.each) {
             match answer {
                 Answer::Claim(claim) => {
-                    self.take_claim(input, d, claim, give_back, stopping, &mut fates)
+                    self.take_claim(input, d, claim, give_back, &mut fates)
                         .await
                 }
                 Answer::NotTried => fates.back.push(d),
@@ -183,8 +197,7 @@ impl Producer {
         input: ClaimInput,
         d: Delivered,
         claim: Claim,
-        give_back: bool,
-        stopping: bool,
+        give_back: Option<GiveBack>,
         fates: &mut Fates,
     ) {
         let id = input.job.id.clone();
@@ -194,11 +207,17 @@ impl Producer {
                 attempt,
                 max_attempts,
                 ..
-            } if give_back => {
-                if stopping {
-                    debug!(job.id = %id, job.lease = lease, "claimed as this worker stopped: giving it back");
-                } else {
-                    warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back");
+            } if give_back.is_some() => {
+                match give_back {
+                    Some(GiveBack::Stopping) => {
+                        debug!(job.id = %id, job.lease = lease, "claimed as this worker stopped: giving it back")
+                    }
+                    Some(GiveBack::Fenced) => {
+                        warn!(job.id = %id, job.lease = lease, "claimed as this worker fenced itself off: giving it back")
+                    }
+                    _ => {
+                        warn!(job.id = %id, job.lease = lease, "claim answered after half of stale_after: giving it back")
+                    }
                 }
                 // Owned until the release settles: in the ledger meanwhile, so a drain waits
                 // for it (and counts it).
@@ -305,6 +324,17 @@ impl Producer {
         }
         dispatched
     }
+}
+
+/// Why a claimed job is given back instead of run.
+#[derive(Clone, Copy)]
+enum GiveBack {
+    /// The worker stops.
+    Stopping,
+    /// The worker fenced itself off: others are about to declare it dead.
+    Fenced,
+    /// The answer came after half of the queue's stale_after.
+    Late,
 }
 
 /// Where the messages of a claim group go once its answer is in.
