@@ -56,7 +56,7 @@ impl Backoff {
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(format!("jitter ({}) must be between 0 and 1", self.jitter));
         }
-        let longest = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+        let longest = Duration::from_millis(LONGEST_DELAY_MS as u64);
         if self.base > longest || self.max > longest {
             return Err(format!(
                 "base ({:?}) and max ({:?}) must be at most {} days, the longest delay a job \
@@ -156,8 +156,12 @@ pub fn storable(outcome: Outcome) -> Outcome {
     }
 }
 
-/// The longest a retry ever waits ([`crate::contract::MAX_DELAY_MS`]).
-pub const LONGEST_DELAY: Duration = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+/// The longest a retry ever waits, and the longest delay anything may ask for (the
+/// contract's `MAX_DELAY_MS`): ten years, so `now() + LONGEST_DELAY_MS` fits a `timestamptz`
+/// until the year 9989, and every `Duration` and `Instant` sum with it.
+pub const LONGEST_DELAY_MS: i64 = 3650 * 24 * 3600 * 1000;
+/// [`LONGEST_DELAY_MS`] as a duration.
+pub const LONGEST_DELAY: Duration = Duration::from_millis(LONGEST_DELAY_MS as u64);
 
 /// Decides the next state of a job whose attempt number `attempt` (1-based, already counted)
 /// ended with `outcome`, given `max_attempts` and the queue's backoff.
@@ -348,7 +352,7 @@ mod tests {
 
     #[test]
     fn a_queues_backoff_is_refused_outside_its_rules_and_accepted_at_their_edges() {
-        let longest = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+        let longest = Duration::from_millis(LONGEST_DELAY_MS as u64);
         let ok = |kind, base: Duration, max: Duration, jitter| {
             Backoff {
                 kind,

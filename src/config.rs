@@ -40,7 +40,7 @@ pub const DRAIN_OVERHEAD: Duration = Duration::from_secs(30);
 /// The pod's `terminationGracePeriodSeconds`, as the manifests pass it to the sidecar (the
 /// downward API cannot): the worker warns at start-up when `shutdown_grace` does not fit.
 pub const TERMINATION_GRACE_ENV: &str = "JOBWARDEN_POD_TERMINATION_GRACE_SECONDS";
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+pub use crate::contract::DEFAULT_MAX_PAYLOAD_BYTES;
 pub const DEFAULT_CLAIM_BATCH: usize = 256;
 pub const DEFAULT_PULL_MAX_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_ADOPT_AFTER: Duration = Duration::from_secs(5);
@@ -626,7 +626,7 @@ impl Config {
                 self.database.pool_size
             ));
         }
-        if let Err(e) = crate::store::tls::PgTls::split(&self.database.url) {
+        if let Err(e) = crate::pg_url::PgTls::split(&self.database.url) {
             errs.push(format!("database.url: {e}"));
         }
     }

@@ -60,7 +60,9 @@ pub const MAX_TIMEOUT_MS: i64 = 7 * DAY_MS;
 /// Longest delay anything may ask for: a `delay`, a `then` spec's `delay_ms`, a backoff's
 /// `base` or `max`, a handler's `Retry-After`. Ten years: `now() + MAX_DELAY_MS` fits a
 /// `timestamptz` until the year 9989, and every `Duration` and `Instant` sum with it.
-pub const MAX_DELAY_MS: i64 = 3650 * DAY_MS;
+pub const MAX_DELAY_MS: i64 = crate::backoff::LONGEST_DELAY_MS;
+/// The largest message body a worker takes unless `worker.max_payload_bytes` says otherwise.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// Latest `run_at`: the last millisecond of the year 9999, the last instant PostgreSQL's
 /// `timestamptz` formats with four digits (and `chrono` and JavaScript handle).
 pub const MAX_RUN_AT_MS: i64 = 253_402_300_799_999;
@@ -958,7 +960,7 @@ pub fn sql_values() -> Vec<(&'static str, String)> {
         ("DEFAULT_BACKOFF_MAX_MS", DEFAULT_BACKOFF_MAX_MS.to_string()),
         (
             "DEFAULT_MAX_PAYLOAD_BYTES",
-            crate::config::DEFAULT_MAX_PAYLOAD_BYTES.to_string(),
+            DEFAULT_MAX_PAYLOAD_BYTES.to_string(),
         ),
         ("ID_FORBIDDEN", sql_class(ID_FORBIDDEN)),
         ("KEY_FORBIDDEN", sql_class(KEY_FORBIDDEN)),
@@ -1087,7 +1089,7 @@ pub fn json_schema() -> Value {
         "title": "jobwarden job message body",
         "description": format!(
             "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes). See docs/message-format.md.",
-            crate::config::DEFAULT_MAX_PAYLOAD_BYTES
+            DEFAULT_MAX_PAYLOAD_BYTES
         ),
         "oneOf": [{"$ref": "#/$defs/envelope"}, {"$ref": "#/$defs/plain"}],
         "$defs": {

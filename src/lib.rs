@@ -23,6 +23,9 @@ pub mod handler;
 pub mod job;
 pub mod jsonb;
 pub mod liveness;
+#[cfg(test)]
+mod module_graph;
+pub mod pg_url;
 pub mod redact;
 pub mod store;
 pub mod view;
