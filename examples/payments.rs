@@ -154,8 +154,8 @@ async fn main() -> anyhow::Result<()> {
     .queues["payments"]
         .clone();
     config.queues.insert("payments".into(), queue);
-    config.worker.api_listen = "127.0.0.1:0".into();
-    config.worker.ops_listen = "127.0.0.1:0".into();
+    config.worker.api_listen = "127.0.0.1:0".parse().map_err(anyhow::Error::msg)?;
+    config.worker.ops_listen = "127.0.0.1:0".parse().map_err(anyhow::Error::msg)?;
     let schema = config.database.schema.clone();
 
     let store = Store::connect(&config.database).await?;

@@ -84,18 +84,20 @@ impl Lane {
     pub fn of(queue: &str, priority: i16) -> Lane {
         Lane {
             queue: queue.to_string(),
-            band: (priority != DEFAULT_PRIORITY && (0..=9).contains(&priority))
-                .then_some(priority as u8),
+            band: crate::contract::Priority::new(priority.into())
+                .ok()
+                .filter(|p| *p != crate::contract::Priority::DEFAULT)
+                .map(|p| p.get() as u8),
         }
     }
 
     /// Every lane of a queue, highest priority first (the bare subject right before band 5,
     /// which has the same priority).
     pub fn all(queue: &str) -> Vec<Lane> {
-        let mut lanes: Vec<Lane> = (0..=9u8)
+        let mut lanes: Vec<Lane> = crate::contract::Priority::all()
             .map(|p| Lane {
                 queue: queue.to_string(),
-                band: Some(p),
+                band: Some(p.get() as u8),
             })
             .collect();
         lanes.insert(DEFAULT_PRIORITY as usize, Lane::bare(queue));

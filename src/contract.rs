@@ -51,6 +51,62 @@ pub const MIN_PRIORITY: i16 = 0;
 pub const MAX_PRIORITY: i16 = 9;
 /// The priority of a job that names none (and of the bare subject `jobs.<queue>`).
 pub const DEFAULT_PRIORITY: i16 = 5;
+
+/// A priority the contract accepts: [`MIN_PRIORITY`] (runs first) to [`MAX_PRIORITY`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "i64", into = "i16")]
+pub struct Priority(i16);
+
+impl Priority {
+    pub const DEFAULT: Priority = Priority(DEFAULT_PRIORITY);
+
+    /// The priority `p`, or why it is none (the text every door gives).
+    pub fn new(p: i64) -> Result<Priority, String> {
+        if (i64::from(MIN_PRIORITY)..=i64::from(MAX_PRIORITY)).contains(&p) {
+            Ok(Priority(p as i16))
+        } else {
+            Err(format!(
+                "{p} is not a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}"
+            ))
+        }
+    }
+
+    pub fn get(self) -> i16 {
+        self.0
+    }
+
+    /// Every priority, the first to run first.
+    pub fn all() -> impl Iterator<Item = Priority> {
+        (MIN_PRIORITY..=MAX_PRIORITY).map(Priority)
+    }
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::DEFAULT
+    }
+}
+
+impl TryFrom<i64> for Priority {
+    type Error = String;
+    fn try_from(p: i64) -> Result<Self, String> {
+        Priority::new(p)
+    }
+}
+
+impl From<Priority> for i16 {
+    fn from(p: Priority) -> i16 {
+        p.0
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 /// Most attempts a job may have.
 pub const MAX_ATTEMPTS: i32 = 1000;
 /// Attempts of a job enqueued through SQL (or a `then` spec) that names none.

@@ -9,6 +9,8 @@ use croner::Cron;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+use crate::contract::Priority;
+
 /// Fires later than this (the workers were all down, or the database was) are *missed*:
 /// the schedule's `missed` policy decides what becomes of them.
 pub const MISSED_AFTER: Duration = Duration::from_secs(30);
@@ -29,30 +31,121 @@ pub enum Missed {
 #[serde(deny_unknown_fields)]
 pub struct CronConfig {
     /// 5 fields (minute hour day month weekday), or 6 with seconds first.
-    pub schedule: String,
+    pub schedule: CronExpr,
     /// An IANA time zone name; UTC by default.
-    #[serde(default = "utc")]
-    pub timezone: String,
+    #[serde(default)]
+    pub timezone: TimeZone,
     pub queue: String,
     /// The payload of every fire's job (a table); empty by default.
     #[serde(default = "empty_object")]
     pub payload: serde_json::Value,
-    #[serde(default = "default_priority")]
-    pub priority: i16,
+    #[serde(default)]
+    pub priority: Priority,
     #[serde(default)]
     pub missed: Missed,
-}
-
-fn utc() -> String {
-    "UTC".into()
 }
 
 fn empty_object() -> serde_json::Value {
     serde_json::json!({})
 }
 
-fn default_priority() -> i16 {
-    crate::job::DEFAULT_PRIORITY
+/// A cron expression, parsed once (when the configuration loads), kept with its text.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CronExpr {
+    text: String,
+    cron: Cron,
+}
+
+impl CronExpr {
+    pub fn cron(&self) -> &Cron {
+        &self.cron
+    }
+}
+
+impl PartialEq for CronExpr {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl std::str::FromStr for CronExpr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let cron = parse_expression(text).map_err(|e| {
+            format!(
+                "{text:?} does not parse ({e}): use 5 fields (minute hour day month weekday) \
+                 or 6 with seconds first, e.g. \"0 3 * * *\" or \"*/10 * * * * *\""
+            )
+        })?;
+        Ok(CronExpr {
+            text: text.to_string(),
+            cron,
+        })
+    }
+}
+
+impl TryFrom<String> for CronExpr {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<CronExpr> for String {
+    fn from(c: CronExpr) -> String {
+        c.text
+    }
+}
+
+impl std::fmt::Display for CronExpr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// An IANA time zone, by name (`"Europe/Berlin"`); UTC by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TimeZone(pub Tz);
+
+impl Default for TimeZone {
+    fn default() -> Self {
+        TimeZone(Tz::UTC)
+    }
+}
+
+impl std::str::FromStr for TimeZone {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        text.parse::<Tz>().map(TimeZone).map_err(|_| {
+            format!(
+                "{text:?} is not a known time zone: use an IANA name such as \
+                 \"Europe/Berlin\", \"America/New_York\" or \"UTC\""
+            )
+        })
+    }
+}
+
+impl TryFrom<String> for TimeZone {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<TimeZone> for String {
+    fn from(t: TimeZone) -> String {
+        t.0.name().to_string()
+    }
+}
+
+impl std::fmt::Display for TimeZone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name())
+    }
 }
 
 /// A parsed schedule.
@@ -75,36 +168,16 @@ pub fn parse_expression(expr: &str) -> Result<Cron, String> {
 }
 
 impl Schedule {
-    /// Parses and checks a configured schedule; every problem is named with its field and
-    /// the right form.
+    /// A configured schedule (its expression and time zone parsed at load), once the job
+    /// contract accepts the jobs it enqueues; every problem is named with its field and the
+    /// right form.
     pub fn new(name: &str, c: &CronConfig) -> Result<Schedule, Vec<String>> {
         let mut errs = Vec::new();
-        let cron = parse_expression(&c.schedule)
-            .map_err(|e| {
-                errs.push(format!(
-                    "cron.{name}.schedule {:?} does not parse ({e}): use 5 fields (minute hour \
-                     day month weekday) or 6 with seconds first, e.g. \"0 3 * * *\" or \
-                     \"*/10 * * * * *\"",
-                    c.schedule
-                ))
-            })
-            .ok();
-        let tz = c
-            .timezone
-            .parse::<Tz>()
-            .map_err(|_| {
-                errs.push(format!(
-                    "cron.{name}.timezone {:?} is not a known time zone: use an IANA name such \
-                     as \"Europe/Berlin\", \"America/New_York\" or \"UTC\"",
-                    c.timezone
-                ))
-            })
-            .ok();
         // Every fire is a job: the job contract judges it as it judges every other door's.
         let mut spec = serde_json::Map::new();
         spec.insert("queue".into(), c.queue.clone().into());
         spec.insert("payload".into(), c.payload.clone());
-        spec.insert("priority".into(), c.priority.into());
+        spec.insert("priority".into(), c.priority.get().into());
         spec.insert("id".into(), fire_id(name, Utc::now()).into());
         if let Err(e) = crate::contract::check_spec(&spec, crate::contract::Door::Enqueue, None) {
             errs.push(match e.field() {
@@ -118,15 +191,15 @@ impl Schedule {
                 field => format!("cron.{name}.{field}: {e}"),
             });
         }
-        match (cron, tz) {
-            (Some(cron), Some(tz)) if errs.is_empty() => Ok(Schedule {
-                name: name.to_string(),
-                cron,
-                tz,
-                config: c.clone(),
-            }),
-            _ => Err(errs),
+        if !errs.is_empty() {
+            return Err(errs);
         }
+        Ok(Schedule {
+            name: name.to_string(),
+            cron: c.schedule.cron().clone(),
+            tz: c.timezone.0,
+            config: c.clone(),
+        })
     }
 
     /// The fires after `after` up to and including `upto`, oldest first (at most `limit`).
@@ -239,11 +312,11 @@ mod tests {
 
     fn cfg(schedule: &str, tz: &str) -> CronConfig {
         CronConfig {
-            schedule: schedule.into(),
-            timezone: tz.into(),
+            schedule: schedule.parse().unwrap(),
+            timezone: tz.parse().unwrap(),
             queue: "reports".into(),
             payload: empty_object(),
-            priority: 5,
+            priority: Priority::new(5).unwrap(),
             missed: Missed::Skip,
         }
     }
@@ -265,25 +338,25 @@ mod tests {
 
     #[test]
     fn bad_schedules_name_the_field_and_the_right_form() {
-        let errs = Schedule::new("x", &cfg("every day", "Europe/Berln")).unwrap_err();
-        let all = errs.join("\n");
+        let e = "every day".parse::<CronExpr>().unwrap_err();
+        assert!(e.starts_with("\"every day\" does not parse"), "{e}");
+        assert!(e.contains("\"0 3 * * *\""), "{e}");
+        let e = "Europe/Berln".parse::<super::TimeZone>().unwrap_err();
         assert!(
-            all.contains("cron.x.schedule \"every day\" does not parse"),
-            "{all}"
+            e.starts_with("\"Europe/Berln\" is not a known time zone"),
+            "{e}"
         );
-        assert!(all.contains("\"0 3 * * *\""), "{all}");
-        assert!(
-            all.contains("cron.x.timezone \"Europe/Berln\" is not a known time zone"),
-            "{all}"
+        assert_eq!(
+            String::from("0 3 * * *".parse::<CronExpr>().unwrap()),
+            "0 3 * * *"
         );
+        assert_eq!(
+            String::from("Europe/Berlin".parse::<super::TimeZone>().unwrap()),
+            "Europe/Berlin"
+        );
+        let e = Priority::new(12).unwrap_err();
+        assert_eq!(e, "12 is not a whole number from 0 to 9");
         let mut c = cfg("* * * * *", "UTC");
-        c.priority = 12;
-        let all = Schedule::new("y", &c).unwrap_err().join("\n");
-        assert!(
-            all.contains("cron.y.priority: field `priority` is invalid: 12 is not a whole number from 0 to 9"),
-            "{all}"
-        );
-        c.priority = 5;
         c.queue = "bad queue".into();
         let all = Schedule::new("y", &c).unwrap_err().join("\n");
         assert!(all.contains("cron.y.queue: field `queue`"), "{all}");
@@ -353,8 +426,8 @@ mod tests {
     fn a_schedule_without_time_zone_or_priority_fires_in_utc_at_the_default_priority() {
         let c: CronConfig =
             toml::from_str("schedule = \"0 3 * * *\"\nqueue = \"reports\"").unwrap();
-        assert_eq!(c.timezone, "UTC");
-        assert_eq!(c.priority, crate::job::DEFAULT_PRIORITY);
+        assert_eq!(c.timezone.0, Tz::UTC);
+        assert_eq!(c.priority.get(), crate::job::DEFAULT_PRIORITY);
         assert_eq!(c.payload, serde_json::json!({}));
         assert_eq!(c.missed, Missed::Skip);
         let s = Schedule::new("nightly", &c).unwrap();

@@ -98,7 +98,7 @@ async fn every_valid_id_round_trips_through_headers_urls_logs_pages_forms_and_th
     .await;
     let log = std::env::temp_dir().join(format!("jobwarden-ids-{}.log", std::process::id()));
     let mut cfg = env.config.clone();
-    cfg.worker.api_listen = format!("127.0.0.1:{}", free_port());
+    cfg.worker.api_listen = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     // The child inherits these (its config file has the token redacted).
     std::env::set_var("CHILD_LOG", "info");
     std::env::set_var("JOBWARDEN_DASHBOARD__ADMIN_TOKEN", "round-trip-token");

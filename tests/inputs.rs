@@ -221,11 +221,11 @@ const FIRE_AT: &str = "to_timestamp(split_part(id, ':', 3) || ':' || split_part(
 async fn a_run_once_schedule_runs_once_after_a_long_downtime() {
     let env = TestEnv::new(QUEUE).await;
     let cfg = jobwarden::cron::CronConfig {
-        schedule: "* * * * * *".into(),
-        timezone: "UTC".into(),
+        schedule: "* * * * * *".parse().unwrap(),
+        timezone: Default::default(),
         queue: "email".into(),
         payload: json!({}),
-        priority: 5,
+        priority: Default::default(),
         missed: jobwarden::cron::Missed::RunOnce,
     };
     let schedule = jobwarden::cron::Schedule::new("tick", &cfg).unwrap();

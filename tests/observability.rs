@@ -804,7 +804,7 @@ async fn the_jobwarden_process_exits_0_when_drained_and_never_stopped() {
     let ops: std::net::SocketAddr = format!("127.0.0.1:{}", common::testkit::free_port())
         .parse()
         .unwrap();
-    config.worker.ops_listen = ops.to_string();
+    config.worker.ops_listen = ops.to_string().parse().unwrap();
     config.worker.drained_exit_after = Duration::from_secs(2);
     let log = std::env::temp_dir().join(common::testkit::unique_name("drained-exit.log"));
     let mut child = common::ChildWorker::spawn_logged(&config, "pod-d", &log);
@@ -963,7 +963,7 @@ async fn a_flood_of_distinct_unserved_subjects_costs_a_bounded_amount_per_round(
     let ops: std::net::SocketAddr = format!("127.0.0.1:{}", common::testkit::free_port())
         .parse()
         .unwrap();
-    config.worker.ops_listen = ops.to_string();
+    config.worker.ops_listen = ops.to_string().parse().unwrap();
     // One janitor round (1 s after start) within the test.
     config.worker.sweep_every = Duration::from_secs(120);
     let log = std::env::temp_dir().join(common::testkit::unique_name("unserved.log"));

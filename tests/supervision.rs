@@ -297,7 +297,7 @@ impl Child {
     fn spawn(config: &Config, env: &[(&str, &str)], dir: &Path) -> Child {
         let mut config = config.clone();
         let port = common::testkit::free_port();
-        config.worker.ops_listen = format!("127.0.0.1:{port}");
+        config.worker.ops_listen = format!("127.0.0.1:{port}").parse().unwrap();
         let path = dir.join("jobwarden.toml");
         std::fs::write(&path, config.to_redacted_toml()).unwrap();
         let log = dir.join("worker.log");

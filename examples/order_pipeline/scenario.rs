@@ -220,7 +220,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         let mut c = config.clone();
         c.worker.hostname = Some(format!("orders-{i}"));
         if i == 0 && s.dashboard {
-            c.dashboard.listen = Some("127.0.0.1:0".into());
+            c.dashboard.listen = Some("127.0.0.1:0".parse().unwrap());
         }
         let worker = Worker::new(c)
             .rust_handler("charge", charge.clone())

@@ -40,7 +40,7 @@ impl Store {
                     &[
                         &c.queue,
                         &c.payload,
-                        &c.priority,
+                        &c.priority.get(),
                         &(at.timestamp_millis() as f64),
                         &id,
                     ],

@@ -23,14 +23,14 @@ impl Store {
         worker_id: &str,
         want: usize,
         cap: Option<u32>,
-        rate: Option<(u32, Duration)>,
+        rate: Option<crate::config::RateLimit>,
     ) -> Result<Grant> {
         let c = self.client().await?;
         let st = c.prepare_cached(sql::FLOW_ACQUIRE).await?;
         let want = want.min(i32::MAX as usize) as i32;
         let cap = cap.map(|c| c as i32);
-        let rate_n = rate.map(|(n, _)| n as i32);
-        let window_ms = rate.map(|(_, w)| w.as_millis() as i64);
+        let rate_n = rate.map(|r| r.starts as i32);
+        let window_ms = rate.map(|r| r.window.as_millis() as i64);
         let r = c
             .query_one(&st, &[&queue, &worker_id, &want, &cap, &rate_n, &window_ms])
             .await?;

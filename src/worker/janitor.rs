@@ -446,7 +446,10 @@ fn queue_of(prefix: &str, subject: &str) -> (String, Option<i16>) {
     match rest.split_once('.') {
         Some((q, band)) => (
             q.to_string(),
-            band.parse().ok().filter(|p| (0..=9).contains(p)),
+            band.parse()
+                .ok()
+                .and_then(|p| crate::contract::Priority::new(p).ok())
+                .map(i16::from),
         ),
         None => (rest.to_string(), None),
     }

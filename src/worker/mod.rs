@@ -176,7 +176,7 @@ pub(crate) struct QueuePolicy {
     /// Jobs running at once across every worker.
     pub global_cap: Option<u32>,
     /// Starts per window across every worker.
-    pub rate: Option<(u32, Duration)>,
+    pub rate: Option<crate::config::RateLimit>,
     pub handler: Arc<dyn Handler>,
     pub metrics: metrics::QueueMetrics,
 }
@@ -396,10 +396,7 @@ impl Worker {
                     stale_after: q.stale_after.unwrap_or(config.worker.stale_after),
                     fair_every: q.fair_every,
                     global_cap: q.global_concurrency,
-                    rate: q
-                        .rate_limit
-                        .as_deref()
-                        .and_then(|r| crate::config::parse_rate_limit(r).ok()),
+                    rate: q.rate_limit,
                     handler,
                     metrics: metrics.queue(name),
                 }),
@@ -630,22 +627,21 @@ struct Listeners {
 
 impl Listeners {
     async fn bind(config: &Config) -> Result<Listeners, WorkerError> {
-        let api_err = |e: std::io::Error| WorkerError::Api {
-            addr: config.worker.api_listen.clone(),
-            cause: e.to_string(),
-        };
-        let api = tokio::net::TcpListener::bind(&config.worker.api_listen)
-            .await
-            .map_err(api_err)?;
-        let api_addr = api.local_addr().map_err(api_err)?;
-        let ops = match config.worker.ops_listen.as_str() {
-            "off" => None,
-            addr => Some(bind_at(addr, |addr, cause| WorkerError::Ops { addr, cause }).await?),
-        };
-        let dashboard = match config.dashboard.listen.as_deref() {
+        let (api, api_addr) = bind_at(config.worker.api_listen.0, |addr, cause| WorkerError::Api {
+            addr,
+            cause,
+        })
+        .await?;
+        let ops = match config.worker.ops_listen.addr() {
             None => None,
             Some(addr) => {
-                Some(bind_at(addr, |addr, cause| WorkerError::Dashboard { addr, cause }).await?)
+                Some(bind_at(addr, |addr, cause| WorkerError::Ops { addr, cause }).await?)
+            }
+        };
+        let dashboard = match config.dashboard.listen {
+            None => None,
+            Some(addr) => {
+                Some(bind_at(addr.0, |addr, cause| WorkerError::Dashboard { addr, cause }).await?)
             }
         };
         Ok(Listeners {
@@ -659,7 +655,7 @@ impl Listeners {
 
 /// Binds `addr`; an error says which setting (through `err`).
 async fn bind_at(
-    addr: &str,
+    addr: SocketAddr,
     err: impl Fn(String, String) -> WorkerError,
 ) -> Result<(tokio::net::TcpListener, SocketAddr), WorkerError> {
     let fail = |e: std::io::Error| err(addr.to_string(), e.to_string());

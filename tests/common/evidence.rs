@@ -18,7 +18,7 @@ impl ChildWorker {
     pub fn spawn_with_ops(config: &Config, hostname: &str) -> (ChildWorker, SocketAddr) {
         let port = super::testkit::free_port();
         let mut config = config.clone();
-        config.worker.ops_listen = format!("127.0.0.1:{port}");
+        config.worker.ops_listen = format!("127.0.0.1:{port}").parse().unwrap();
         let child = ChildWorker::spawn(&config, hostname);
         (child, SocketAddr::from(([127, 0, 0, 1], port)))
     }

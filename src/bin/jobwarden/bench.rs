@@ -58,7 +58,7 @@ pub struct BenchArgs {
     pub global_concurrency: Option<u32>,
     /// A cluster-wide rate limit on the bench queue, e.g. 1000000/1s.
     #[arg(long)]
-    pub rate_limit: Option<String>,
+    pub rate_limit: Option<jobwarden::config::RateLimit>,
     /// Skip the worker-alone phase (a `jobwarden run` process with the HTTP handler, whose
     /// own peak RSS is measured).
     #[arg(long)]
@@ -534,7 +534,7 @@ async fn phase(
             name: "noop".into(),
         })),
         global_concurrency: args.global_concurrency,
-        rate_limit: args.rate_limit.clone(),
+        rate_limit: args.rate_limit,
         ..QueueConfig::default()
     };
     let (mut config, store, broker) = provisioned(base, "bench", "bench", queue).await?;
@@ -622,8 +622,8 @@ pub async fn provisioned(
     config.database.schema = name.clone();
     config.nats.stream = name.to_uppercase();
     config.nats.subject_prefix = name;
-    config.worker.api_listen = "127.0.0.1:0".into();
-    config.worker.ops_listen = "127.0.0.1:0".into();
+    config.worker.api_listen = "127.0.0.1:0".parse().expect("an address");
+    config.worker.ops_listen = "127.0.0.1:0".parse().expect("an address");
     config.queues.insert(queue.into(), policy);
     config.validate()?;
     let store = Store::connect(&config.database).await?;
