@@ -86,24 +86,13 @@ impl std::str::FromStr for CronExpr {
     }
 }
 
-impl TryFrom<String> for CronExpr {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<CronExpr> for String {
-    fn from(c: CronExpr) -> String {
-        c.text
-    }
-}
-
 impl std::fmt::Display for CronExpr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
     }
 }
+
+text_form!(CronExpr, TimeZone);
 
 /// An IANA time zone, by name (`"Europe/Berlin"`); UTC by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,19 +115,6 @@ impl std::str::FromStr for TimeZone {
                  \"Europe/Berlin\", \"America/New_York\" or \"UTC\""
             )
         })
-    }
-}
-
-impl TryFrom<String> for TimeZone {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<TimeZone> for String {
-    fn from(t: TimeZone) -> String {
-        t.0.name().to_string()
     }
 }
 

@@ -12,6 +12,9 @@
 // No function over 100 lines (clippy.toml) unless it says why.
 #![warn(clippy::too_many_lines)]
 
+#[macro_use]
+mod macros;
+
 pub mod backoff;
 pub mod broker;
 pub mod causes;

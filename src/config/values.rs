@@ -27,19 +27,6 @@ impl FromStr for ListenAddr {
     }
 }
 
-impl TryFrom<String> for ListenAddr {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<ListenAddr> for String {
-    fn from(a: ListenAddr) -> String {
-        a.0.to_string()
-    }
-}
-
 impl fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
@@ -67,21 +54,16 @@ impl FromStr for Listen {
     }
 }
 
-impl TryFrom<String> for Listen {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<Listen> for String {
-    fn from(l: Listen) -> String {
-        match l {
-            Listen::Off => "off".into(),
-            Listen::At(a) => a.into(),
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Off => f.write_str("off"),
+            Listen::At(a) => a.fmt(f),
         }
     }
 }
+
+text_form!(ListenAddr, Listen, RateLimit);
 
 impl Listen {
     /// The address, unless the listener is off.
@@ -133,19 +115,6 @@ impl FromStr for RateLimit {
             return Err(bad("must have a window from 100ms to 7d"));
         }
         Ok(RateLimit { starts, window })
-    }
-}
-
-impl TryFrom<String> for RateLimit {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<RateLimit> for String {
-    fn from(r: RateLimit) -> String {
-        r.to_string()
     }
 }
 
