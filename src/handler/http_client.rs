@@ -2,31 +2,30 @@
 //! connections, and nothing else (no TLS, no proxies, no redirects, no HTTP/2: the
 //! application is local, `http://`).
 //!
-//! hyper's connection-level client (`client::conn::http1`) does the HTTP: each connection's
-//! dispatcher is driven inside the job's own task, alongside the request it carries (no task
-//! per connection, no request channel of its own), with a small read buffer.
+//! Why not hyper's client: it keeps ~25 KiB per connection (an 8 KiB read buffer, an 8 KiB
+//! write buffer and a request channel of 32 slots, each connection driven by its own
+//! task), and the handler holds one connection per running job: 512 slots cost ~13 MiB.
+//! Here an idle connection is its socket, and a request in flight holds its request bytes
+//! and a response buffer that grows from 1 KiB. Parsing is `httparse`'s (hyper's parser).
 //!
 //! Semantics kept from a general client:
 //! - user information in the URL (`http://user:pass@host/`) is sent as `Basic`
 //!   authorization, as reqwest did;
 //! - connections are reused (most recently used first) and closed after [`IDLE`] unused;
 //!   one whose peer closed it meanwhile is noticed before use and dropped;
-//! - a request sent on a reused connection that the server closed before answering is sent
-//!   once more on a new connection, as Go's `net/http` does for requests that carry an
-//!   `Idempotency-Key` (every job request does);
-//! - response framing, interim responses and `Connection: close` are hyper's.
+//! - a request sent on a reused connection that the server closed before answering a
+//!   single byte is sent once more on a new connection, as Go's `net/http` does for
+//!   requests that carry an `Idempotency-Key` (every job request does): a server closing an
+//!   idle keep-alive connection just as it is reused must not cost the job an attempt;
+//! - response bodies are framed by `Content-Length`, by chunked transfer coding, or by the
+//!   connection's end (RFC 9112 §6.3); `1xx` interim responses are skipped; `Connection:
+//!   close` and HTTP/1.0 responses are honoured (the connection is not reused).
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::{Builder, Connection, SendRequest};
-use hyper::header::{HeaderName, HeaderValue};
-use hyper_util::rt::TokioIo;
 use std::collections::VecDeque;
-use std::future::Future;
 use std::io;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// How long an unused connection is kept. Short: reconnecting on localhost is cheap, and it
@@ -35,21 +34,13 @@ use tokio::net::TcpStream;
 pub(super) const IDLE: Duration = Duration::from_secs(1);
 /// Connecting gives up after this long (the exchange as a whole has the job's timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// hyper's read buffer, exactly this size (it also bounds the response head).
-/// `JOBWARDEN_HYPER_READ_BUF` overrides it (measurement only).
-const READ_BUF: usize = 1024;
+/// The first read buffer of a response; it grows as the response needs.
+const FIRST_READ: usize = 1024;
+/// A response head larger than this is refused (hyper's default limit is ~400 KiB of
+/// buffer; 64 KiB of headers is far beyond what an application sends back).
+const MAX_HEAD: usize = 64 * 1024;
 /// Response headers parsed at most (hyper's default is 100).
 const MAX_HEADERS: usize = 100;
-
-type Body = Full<Bytes>;
-type Conn = Connection<TokioIo<TcpStream>, Body>;
-
-/// A connection: the handle requests are sent through, and its dispatcher (`None` once the
-/// connection ended).
-struct Pooled {
-    send: SendRequest<Body>,
-    conn: Option<Conn>,
-}
 
 /// A response, read whole.
 #[derive(Debug)]
@@ -68,11 +59,9 @@ pub(super) struct Origin {
     host: String,
     /// Path and query of every request.
     path: String,
-    uri: hyper::Uri,
     /// `Basic` credentials from the URL's user information (`http://user:pass@host/`).
     authorization: Option<String>,
-    builder: Builder,
-    idle: Arc<Mutex<VecDeque<(Pooled, Instant)>>>,
+    idle: Arc<Mutex<VecDeque<(TcpStream, Instant)>>>,
     /// Whether the task that closes connections idle past [`IDLE`] runs.
     sweeping: std::sync::atomic::AtomicBool,
 }
@@ -132,20 +121,6 @@ impl Origin {
                 base64::engine::general_purpose::STANDARD.encode(pair)
             )
         });
-        let uri = path
-            .parse::<hyper::Uri>()
-            .map_err(|e| format!("{shown:?}: its path is not a request target: {e}"))?;
-        let read_buf = std::env::var("JOBWARDEN_HYPER_READ_BUF")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(READ_BUF);
-        let mut builder = Builder::new();
-        builder.max_headers(MAX_HEADERS);
-        if read_buf >= 8192 {
-            builder.max_buf_size(read_buf);
-        } else {
-            builder.read_buf_exact_size(Some(read_buf));
-        }
         Ok(Origin {
             authorization,
             connect_to: format!("{host}:{port}"),
@@ -154,8 +129,6 @@ impl Origin {
                 None => host,
             },
             path,
-            uri,
-            builder,
             idle: Arc::default(),
             sweeping: Default::default(),
         })
@@ -170,59 +143,52 @@ impl Origin {
     /// Starts a request: `POST <path> HTTP/1.1` with the `Host`, `Content-Type` and
     /// `Content-Length` headers written; add more with [`Request::header`].
     pub fn post(&self, body_len: usize) -> Request {
-        let mut req = Request {
-            headers: hyper::HeaderMap::with_capacity(16),
-        };
-        let mut add = |name: HeaderName, value: &str| {
-            if let Ok(v) = HeaderValue::from_str(value) {
-                req.headers.append(name, v);
-            }
-        };
-        add(hyper::header::HOST, &self.host);
-        add(hyper::header::CONTENT_TYPE, "application/json");
-        add(hyper::header::CONTENT_LENGTH, &body_len.to_string());
+        let mut head = Vec::with_capacity(256 + body_len);
+        head.extend_from_slice(b"POST ");
+        head.extend_from_slice(self.path.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        head.extend_from_slice(self.host.as_bytes());
+        head.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+        head.extend_from_slice(body_len.to_string().as_bytes());
+        head.extend_from_slice(b"\r\n");
         if let Some(auth) = &self.authorization {
-            add(hyper::header::AUTHORIZATION, auth);
+            head.extend_from_slice(b"authorization: ");
+            head.extend_from_slice(auth.as_bytes());
+            head.extend_from_slice(b"\r\n");
         }
-        req
+        Request { bytes: head }
     }
 
     /// Sends `req` (its head, then `body`) and reads the whole response.
     pub async fn send(&self, req: Request, body: &[u8]) -> io::Result<Response> {
-        let body = Bytes::copy_from_slice(body);
-        // A pooled connection first; if the server closed it before answering, once more on
-        // a new one.
+        let mut bytes = req.bytes;
+        bytes.extend_from_slice(b"\r\n");
+        bytes.extend_from_slice(body);
+        // A pooled connection first; if the server closed it before answering anything,
+        // once more on a new one.
         if let Some(conn) = self.checkout() {
-            match exchange(conn, self.request(req.headers.clone(), body.clone())).await {
+            match exchange(conn, &bytes).await {
                 Ok((resp, reuse)) => return Ok(self.finish(resp, reuse)),
                 Err(Failed::BeforeAnswer(_)) => {}
                 Err(Failed::Other(e)) => return Err(e),
             }
         }
         let conn = self.connect().await?;
-        match exchange(conn, self.request(req.headers, body)).await {
+        match exchange(conn, &bytes).await {
             Ok((resp, reuse)) => Ok(self.finish(resp, reuse)),
             Err(Failed::BeforeAnswer(e) | Failed::Other(e)) => Err(e),
         }
     }
 
-    fn request(&self, headers: hyper::HeaderMap, body: Bytes) -> hyper::Request<Body> {
-        let mut r = hyper::Request::new(Full::new(body));
-        *r.method_mut() = hyper::Method::POST;
-        *r.uri_mut() = self.uri.clone();
-        *r.headers_mut() = headers;
-        r
-    }
-
-    fn finish(&self, resp: Response, reuse: Option<Pooled>) -> Response {
+    fn finish(&self, resp: Response, reuse: Option<TcpStream>) -> Response {
         if let Some(conn) = reuse {
             self.checkin(conn);
         }
         resp
     }
 
-    async fn connect(&self) -> io::Result<Pooled> {
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.connect_to))
+    async fn connect(&self) -> io::Result<TcpStream> {
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.connect_to))
             .await
             .map_err(|_| {
                 io::Error::new(
@@ -230,25 +196,17 @@ impl Origin {
                     format!("connecting to {} timed out after 5s", self.connect_to),
                 )
             })??;
-        tcp.set_nodelay(true)?;
-        let (send, conn) = self
-            .builder
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(to_io)?;
-        Ok(Pooled {
-            send,
-            conn: Some(conn),
-        })
+        conn.set_nodelay(true)?;
+        Ok(conn)
     }
 
     /// The most recently used idle connection that is still open.
-    fn checkout(&self) -> Option<Pooled> {
-        // Stale connections are closed after the lock is released.
+    fn checkout(&self) -> Option<TcpStream> {
+        // Stale sockets are closed after the lock is released.
         let mut stale = Vec::new();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some((mut conn, since)) = idle.pop_back() {
-            if since.elapsed() < IDLE && still_open(&mut conn) {
+        while let Some((conn, since)) = idle.pop_back() {
+            if since.elapsed() < IDLE && still_open(&conn) {
                 return Some(conn);
             }
             stale.push(conn);
@@ -258,7 +216,7 @@ impl Origin {
         None
     }
 
-    fn checkin(&self, conn: Pooled) {
+    fn checkin(&self, conn: TcpStream) {
         let now = Instant::now();
         {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -278,9 +236,9 @@ impl Origin {
     }
 }
 
-/// A request's headers being written.
+/// A request's head being written.
 pub(super) struct Request {
-    headers: hyper::HeaderMap,
+    bytes: Vec<u8>,
 }
 
 impl Request {
@@ -296,18 +254,16 @@ impl Request {
                 format!("header {name} has a control character ({c:#04x}) in its value"),
             ));
         }
-        let bad = |e: &dyn std::fmt::Display| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("header {name}: {e}"))
-        };
-        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|e| bad(&e))?;
-        let v = HeaderValue::from_bytes(value).map_err(|e| bad(&e))?;
-        self.headers.append(n, v);
+        self.bytes.extend_from_slice(name.as_bytes());
+        self.bytes.extend_from_slice(b": ");
+        self.bytes.extend_from_slice(value);
+        self.bytes.extend_from_slice(b"\r\n");
         Ok(())
     }
 }
 
 /// Closes connections idle past [`IDLE`], every [`IDLE`], until the origin is dropped.
-async fn sweep(idle: Weak<Mutex<VecDeque<(Pooled, Instant)>>>) {
+async fn sweep(idle: Weak<Mutex<VecDeque<(TcpStream, Instant)>>>) {
     loop {
         tokio::time::sleep(IDLE).await;
         let Some(idle) = idle.upgrade() else { return };
@@ -317,7 +273,7 @@ async fn sweep(idle: Weak<Mutex<VecDeque<(Pooled, Instant)>>>) {
 }
 
 /// Drops the connections idle past [`IDLE`] (the oldest are at the front).
-fn evict(idle: &mut VecDeque<(Pooled, Instant)>, now: Instant) {
+fn evict(idle: &mut VecDeque<(TcpStream, Instant)>, now: Instant) {
     while idle
         .front()
         .is_some_and(|(_, since)| now.duration_since(*since) >= IDLE)
@@ -326,98 +282,308 @@ fn evict(idle: &mut VecDeque<(Pooled, Instant)>, now: Instant) {
     }
 }
 
-/// An idle connection is open if its dispatcher, polled once, has not ended (it reads the
-/// socket while idle: an end of stream or stray bytes end it).
-fn still_open(p: &mut Pooled) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    poll_conn(&mut p.conn, &mut cx);
-    p.conn.is_some() && p.send.is_ready()
-}
-
-/// Polls the dispatcher (if the connection has not ended); drops it when it ends.
-fn poll_conn(conn: &mut Option<Conn>, cx: &mut Context<'_>) {
-    if let Some(c) = conn {
-        if c.poll_without_shutdown(cx).is_ready() {
-            *conn = None;
-        }
-    }
-}
-
-/// Runs `fut` while driving the connection's dispatcher in the same task.
-async fn drive<F: Future>(conn: &mut Option<Conn>, fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(|cx| {
-        poll_conn(conn, cx);
-        fut.as_mut().poll(cx)
-    })
-    .await
+/// An idle connection is open if reading it would wait: no end of stream (the server
+/// closed it), no stray bytes, no error pending.
+fn still_open(conn: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(conn.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 enum Failed {
-    /// The connection ended before a response came back.
+    /// The connection failed before a single byte of response came back.
     BeforeAnswer(io::Error),
     Other(io::Error),
 }
 
-fn to_io(e: hyper::Error) -> io::Error {
-    let kind = if e.is_incomplete_message() {
-        io::ErrorKind::UnexpectedEof
-    } else if e.is_parse() || e.is_parse_status() {
-        io::ErrorKind::InvalidData
-    } else {
-        io::ErrorKind::Other
-    };
-    io::Error::new(kind, e)
-}
-
-/// Sends the request and reads the response; the connection comes back when it can carry
+/// Writes the request and reads the response; the connection comes back when it can carry
 /// another request.
 async fn exchange(
-    mut p: Pooled,
-    req: hyper::Request<Body>,
-) -> Result<(Response, Option<Pooled>), Failed> {
-    let sent = p.send.send_request(req);
-    let resp = match drive(&mut p.conn, sent).await {
-        Ok(r) => r,
-        Err(e) if e.is_canceled() || e.is_incomplete_message() || e.is_closed() => {
-            return Err(Failed::BeforeAnswer(to_io(e)))
-        }
-        Err(e) => return Err(Failed::Other(to_io(e))),
-    };
-    let status = resp.status().as_u16();
-    let retry_after = resp
-        .headers()
-        .get(hyper::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let mut incoming = resp.into_body();
-    let mut body = Vec::new();
-    while let Some(frame) = drive(&mut p.conn, incoming.frame()).await {
-        let frame = frame.map_err(|e| Failed::Other(to_io(e)))?;
-        if let Ok(data) = frame.into_data() {
-            body.extend_from_slice(&data);
-        }
+    mut conn: TcpStream,
+    request: &[u8],
+) -> Result<(Response, Option<TcpStream>), Failed> {
+    if let Err(e) = conn.write_all(request).await {
+        return Err(Failed::BeforeAnswer(e));
     }
-    drop(incoming);
-    // Reusable once the dispatcher, having read the whole response, is ready for another
-    // request; not if it ended (`Connection: close`, HTTP/1.0, the peer closed it).
-    let reusable = std::future::poll_fn(|cx| {
-        poll_conn(&mut p.conn, cx);
-        if p.conn.is_none() {
-            return Poll::Ready(false);
+    let mut buf = Vec::with_capacity(FIRST_READ);
+    match fill(&mut conn, &mut buf).await {
+        Ok(0) => {
+            return Err(Failed::BeforeAnswer(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection was closed before a response came",
+            )))
         }
-        p.send.poll_ready(cx).map(|r| r.is_ok())
-    })
-    .await;
+        Ok(_) => {}
+        Err(e) => return Err(Failed::BeforeAnswer(e)),
+    }
+    read_response(conn, buf).await.map_err(Failed::Other)
+}
+
+/// Reads more of the stream into `buf`'s spare room (growing it when full). `Ok(0)` is the
+/// end of the stream.
+async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.len() == buf.capacity() {
+        buf.reserve(buf.capacity().max(FIRST_READ));
+    }
+    conn.read_buf(buf).await
+}
+
+fn invalid(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.into())
+}
+
+fn cut_short() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the connection was closed in the middle of the response",
+    )
+}
+
+/// How the body of a response is delimited.
+enum Framing {
+    None,
+    Length(usize),
+    Chunked,
+    UntilClose,
+}
+
+/// Parses the response in `buf` (reading more as needed) to its end.
+async fn read_response(
+    mut conn: TcpStream,
+    mut buf: Vec<u8>,
+) -> io::Result<(Response, Option<TcpStream>)> {
+    // The head, skipping interim (1xx) responses.
+    let Head {
+        status,
+        retry_after,
+        framing,
+        mut keep_alive,
+        len: head_len,
+    } = loop {
+        match parse_head(&buf)? {
+            Parsed::Final(head) => break head,
+            Parsed::Interim(len) => {
+                buf.drain(..len);
+            }
+            Parsed::Partial => {
+                if buf.len() > MAX_HEAD {
+                    return Err(invalid(format!(
+                        "the response head is over {} KiB",
+                        MAX_HEAD / 1024
+                    )));
+                }
+                if fill(&mut conn, &mut buf).await? == 0 {
+                    return Err(cut_short());
+                }
+            }
+        }
+    };
+    buf.drain(..head_len);
+    let body = match framing {
+        Framing::None => {
+            keep_alive &= buf.is_empty();
+            Vec::new()
+        }
+        Framing::Length(n) => {
+            while buf.len() < n {
+                buf.reserve(n - buf.len());
+                if conn.read_buf(&mut buf).await? == 0 {
+                    return Err(cut_short());
+                }
+            }
+            // Bytes past the body: the server is out of step with us.
+            keep_alive &= buf.len() == n;
+            buf.truncate(n);
+            buf
+        }
+        Framing::Chunked => {
+            let (body, rest) = dechunk(&mut conn, buf).await?;
+            keep_alive &= rest == 0;
+            body
+        }
+        Framing::UntilClose => {
+            keep_alive = false;
+            while fill(&mut conn, &mut buf).await? != 0 {}
+            buf
+        }
+    };
+    let reuse = keep_alive.then_some(conn);
     Ok((
         Response {
             status,
             retry_after,
             body,
         },
-        reusable.then_some(p),
+        reuse,
     ))
+}
+
+/// A final response's head.
+struct Head {
+    status: u16,
+    retry_after: Option<Duration>,
+    framing: Framing,
+    keep_alive: bool,
+    /// Its length in bytes (the body starts there).
+    len: usize,
+}
+
+/// What the start of a response buffer holds.
+enum Parsed {
+    Final(Head),
+    /// An interim (1xx) response's head of this many bytes, to skip.
+    Interim(usize),
+    /// Not a whole head yet.
+    Partial,
+}
+
+/// Parses the head at the start of `buf`. Not async on purpose: the parser's header array
+/// (`MAX_HEADERS` entries, 3,200 bytes) lives only here, not in the state of every request
+/// in flight (it made the exchange future 3,728 bytes, copied as it moved and boxed per
+/// request).
+fn parse_head(buf: &[u8]) -> io::Result<Parsed> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => {
+            let status = resp.code.unwrap_or(0);
+            if (100..200).contains(&status) && status != 101 {
+                return Ok(Parsed::Interim(len));
+            }
+            let (framing, keep_alive, retry_after) = read_head(&resp, status)?;
+            Ok(Parsed::Final(Head {
+                status,
+                retry_after,
+                framing,
+                keep_alive,
+                len,
+            }))
+        }
+        Ok(httparse::Status::Partial) => Ok(Parsed::Partial),
+        Err(e) => Err(invalid(format!("the response is not HTTP/1.x ({e})"))),
+    }
+}
+
+/// What the head says: how the body is framed, whether the connection can be reused, and
+/// a numeric `Retry-After`.
+fn read_head(
+    resp: &httparse::Response,
+    status: u16,
+) -> io::Result<(Framing, bool, Option<Duration>)> {
+    // HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes it unless told
+    // otherwise.
+    let mut keep_alive = resp.version == Some(1);
+    let (mut length, mut chunked, mut coded) = (None::<usize>, false, false);
+    let mut retry_after = None;
+    for h in resp.headers.iter() {
+        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = value
+                .parse::<usize>()
+                .map_err(|_| invalid(format!("bad Content-Length {value:?}")))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(invalid("two different Content-Length headers"));
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            coded = true;
+            // Chunked must be the last coding for the body to be delimited by it.
+            chunked = value
+                .rsplit(',')
+                .next()
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in value.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case("keep-alive") && resp.version == Some(0) {
+                    keep_alive = true;
+                }
+            }
+        } else if h.name.eq_ignore_ascii_case("retry-after") {
+            retry_after = value.parse::<u64>().ok().map(Duration::from_secs);
+        }
+    }
+    let framing = if status == 204 || status == 304 || (100..200).contains(&status) {
+        Framing::None
+    } else if coded {
+        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3).
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        }
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::UntilClose
+    };
+    if status == 101 {
+        // Switching protocols: the connection no longer speaks HTTP/1.1 (never asked for).
+        keep_alive = false;
+    }
+    if coded && length.is_some() {
+        // A message with both is suspect (smuggling); do not reuse the connection.
+        keep_alive = false;
+    }
+    Ok((framing, keep_alive, retry_after))
+}
+
+/// Decodes a chunked body; `buf` holds what was read past the head. Also returns how many
+/// bytes came after the body (none, from a server in step with us).
+async fn dechunk(conn: &mut TcpStream, mut buf: Vec<u8>) -> io::Result<(Vec<u8>, usize)> {
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        // The chunk size line.
+        let (size_len, size) = loop {
+            match httparse::parse_chunk_size(&buf[at..]) {
+                Ok(httparse::Status::Complete((len, size))) => break (len, size),
+                Ok(httparse::Status::Partial) => {
+                    if fill(conn, &mut buf).await? == 0 {
+                        return Err(cut_short());
+                    }
+                }
+                Err(_) => return Err(invalid("a bad chunk size in a chunked body")),
+            }
+        };
+        at += size_len;
+        let size = usize::try_from(size).map_err(|_| invalid("a chunk too large"))?;
+        if size == 0 {
+            // Trailers (ignored), up to the empty line.
+            loop {
+                if let Some(end) = find_crlf(&buf[at..]) {
+                    if end == 0 {
+                        return Ok((body, buf.len() - at - 2));
+                    }
+                    at += end + 2;
+                    continue;
+                }
+                if fill(conn, &mut buf).await? == 0 {
+                    return Err(cut_short());
+                }
+            }
+        }
+        // The chunk and its CRLF.
+        while buf.len() < at + size + 2 {
+            if fill(conn, &mut buf).await? == 0 {
+                return Err(cut_short());
+            }
+        }
+        body.extend_from_slice(&buf[at..at + size]);
+        if &buf[at + size..at + size + 2] != b"\r\n" {
+            return Err(invalid("a chunk not followed by CRLF"));
+        }
+        at += size + 2;
+        // Keep the buffer small: drop what was consumed.
+        if at > FIRST_READ {
+            buf.drain(..at);
+            at = 0;
+        }
+    }
+}
+
+fn find_crlf(b: &[u8]) -> Option<usize> {
+    b.windows(2).position(|w| w == b"\r\n")
 }
 
 #[cfg(test)]
