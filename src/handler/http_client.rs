@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-mod framing;
+pub(super) mod framing;
 
 /// How long an unused connection is kept. Short: reconnecting on localhost is cheap, and it
 /// keeps clear of servers with short keep-alive timeouts (gunicorn: 2 s, Node: 5 s)

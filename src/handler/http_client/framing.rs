@@ -3,8 +3,9 @@
 //! the connection's end (RFC 9112 §6.3) — and whether the connection can carry another
 //! request.
 //!
-//! Generic over the byte source, so that tests can feed it bytes split at arbitrary points,
-//! without a socket. Moved here from `http_client.rs` unchanged.
+//! Generic over the byte source, so that the property tests below and the fuzz target
+//! (`fuzz/fuzz_targets/http_response.rs`, through [`frame`]) feed it bytes split at
+//! arbitrary points, without a socket.
 
 use super::{Response, FIRST_READ, MAX_HEAD, MAX_HEADERS};
 use std::io;
@@ -103,7 +104,9 @@ async fn read_response<R: AsyncRead + Unpin>(
         }
         Framing::Length(n) => {
             while buf.len() < n {
-                buf.reserve(n - buf.len());
+                // The declared length is trusted only so far ahead of the bytes that came:
+                // a huge one meets the end of the stream, not an allocation of its size.
+                buf.reserve((n - buf.len()).min(MAX_HEAD));
                 if conn.read_buf(&mut buf).await? == 0 {
                     return Err(cut_short());
                 }
@@ -260,6 +263,13 @@ async fn dechunk<R: AsyncRead + Unpin>(
             match httparse::parse_chunk_size(&buf[at..]) {
                 Ok(httparse::Status::Complete((len, size))) => break (len, size),
                 Ok(httparse::Status::Partial) => {
+                    // Its extensions are skipped, but not without end.
+                    if buf.len() - at > MAX_HEAD {
+                        return Err(invalid(format!(
+                            "a chunk size line is over {} KiB",
+                            MAX_HEAD / 1024
+                        )));
+                    }
                     if fill(conn, &mut buf).await? == 0 {
                         return Err(cut_short());
                     }
@@ -268,9 +278,15 @@ async fn dechunk<R: AsyncRead + Unpin>(
             }
         };
         at += size_len;
-        let size = usize::try_from(size).map_err(|_| invalid("a chunk too large"))?;
+        // Where the chunk and its CRLF end, checked: a size near 2^64 (16 hex digits pass
+        // the parser) would overflow.
+        let (size, end) = usize::try_from(size)
+            .ok()
+            .and_then(|s| Some((s, at.checked_add(s)?.checked_add(2)?)))
+            .ok_or_else(|| invalid("a chunk too large"))?;
         if size == 0 {
-            // Trailers (ignored), up to the empty line.
+            // Trailers (ignored), up to the empty line; not without end.
+            let trailers = at;
             loop {
                 if let Some(end) = find_crlf(&buf[at..]) {
                     if end == 0 {
@@ -279,22 +295,28 @@ async fn dechunk<R: AsyncRead + Unpin>(
                     at += end + 2;
                     continue;
                 }
+                if buf.len() - trailers > MAX_HEAD {
+                    return Err(invalid(format!(
+                        "the trailers are over {} KiB",
+                        MAX_HEAD / 1024
+                    )));
+                }
                 if fill(conn, &mut buf).await? == 0 {
                     return Err(cut_short());
                 }
             }
         }
         // The chunk and its CRLF.
-        while buf.len() < at + size + 2 {
+        while buf.len() < end {
             if fill(conn, &mut buf).await? == 0 {
                 return Err(cut_short());
             }
         }
         body.extend_from_slice(&buf[at..at + size]);
-        if &buf[at + size..at + size + 2] != b"\r\n" {
+        if &buf[at + size..end] != b"\r\n" {
             return Err(invalid("a chunk not followed by CRLF"));
         }
-        at += size + 2;
+        at = end;
         // Keep the buffer small: drop what was consumed.
         if at > FIRST_READ {
             buf.drain(..at);
@@ -306,3 +328,74 @@ async fn dechunk<R: AsyncRead + Unpin>(
 fn find_crlf(b: &[u8]) -> Option<usize> {
     b.windows(2).position(|w| w == b"\r\n")
 }
+
+/// What [`frame`] made of a response.
+#[cfg(any(test, feature = "fuzzing"))]
+#[derive(Debug, PartialEq)]
+pub struct Framed {
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+    pub body: Vec<u8>,
+    /// Whether the connection would carry another request.
+    pub keep_alive: bool,
+}
+
+/// Reads one response from `bytes`, handed out in pieces that end at `cuts` (the reader's
+/// own buffer may cut them shorter), then the end of the stream. Returns what it made of
+/// them (an error says whether it came before any byte), and how many bytes it took.
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn frame(bytes: &[u8], cuts: &[usize]) -> (Result<Framed, (bool, io::Error)>, usize) {
+    let mut cuts = cuts.to_vec();
+    cuts.sort_unstable();
+    let mut source = Pieces {
+        bytes,
+        cuts: &cuts,
+        at: 0,
+    };
+    let result = futures::executor::block_on(receive(&mut source));
+    let result = match result {
+        Ok((r, reuse)) => Ok(Framed {
+            status: r.status,
+            retry_after: r.retry_after,
+            body: r.body,
+            keep_alive: reuse.is_some(),
+        }),
+        Err(Failed::BeforeAnswer(e)) => Err((true, e)),
+        Err(Failed::Other(e)) => Err((false, e)),
+    };
+    (result, source.at)
+}
+
+/// A byte source that hands out `bytes` up to the next cut at a time, never waiting.
+#[cfg(any(test, feature = "fuzzing"))]
+struct Pieces<'a> {
+    bytes: &'a [u8],
+    /// Ascending.
+    cuts: &'a [usize],
+    /// Bytes handed out so far.
+    at: usize,
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl AsyncRead for Pieces<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let at = self.at;
+        let end = self
+            .cuts
+            .iter()
+            .copied()
+            .find(|&c| c > at && c < self.bytes.len())
+            .unwrap_or(self.bytes.len());
+        let n = (end - at).min(buf.remaining());
+        buf.put_slice(&self.bytes[at..at + n]);
+        self.at += n;
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests;
