@@ -2,11 +2,19 @@
 //! connections, and nothing else (no TLS, no proxies, no redirects, no HTTP/2: the
 //! application is local, `http://`).
 //!
-//! Why not hyper's client: it keeps ~25 KiB per connection (an 8 KiB read buffer, an 8 KiB
-//! write buffer and a request channel of 32 slots, each connection driven by its own
-//! task), and the handler holds one connection per running job: 512 slots cost ~13 MiB.
-//! Here an idle connection is its socket, and a request in flight holds its request bytes
-//! and a response buffer that grows from 1 KiB. Parsing is `httparse`'s (hyper's parser).
+//! Why not hyper's client: the handler holds one connection per running job, and hyper keeps
+//! per connection an 8 KiB write buffer and a request channel whose first block holds 32
+//! requests, neither configurable, whatever its read buffer. Measured on 2026-11-26 on the
+//! 2-core bench machine (`jobwarden bench --no-recovery --jobs 20000 --rate 500
+//! --latency-jobs 1`, 512 slots, four runs of each binary alternating, another build
+//! running): hyper 1.12's `client::conn::http1`, driven inside the job's task with a 1 KiB
+//! exact read buffer and this file's pool (branch `wip/http-client`, ad75784; 333 lines of
+//! code against 465 here), made the worker-alone process peak at 36.0–38.2 MiB against
+//! 24.5–25.2 MiB (+50 %), and cost 86–97 µs of CPU per job in the HTTP phase (worker and
+//! no-op app) against 66–81 µs (+28 %); jobs/s within the noise. Here an idle connection is
+//! its socket, and a request in flight holds its request bytes and a response buffer that
+//! grows from 1 KiB. Parsing is `httparse`'s (hyper's parser); the framing is in
+//! `http_client/framing.rs`, fuzzed (`fuzz/`).
 //!
 //! Semantics kept from a general client:
 //! - user information in the URL (`http://user:pass@host/`) is sent as `Basic`
@@ -21,12 +29,15 @@
 //!   connection's end (RFC 9112 §6.3); `1xx` interim responses are skipped; `Connection:
 //!   close` and HTTP/1.0 responses are honoured (the connection is not reused).
 
+use framing::Failed;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+
+pub(super) mod framing;
 
 /// How long an unused connection is kept. Short: reconnecting on localhost is cheap, and it
 /// keeps clear of servers with short keep-alive timeouts (gunicorn: 2 s, Node: 5 s)
@@ -289,12 +300,6 @@ fn still_open(conn: &TcpStream) -> bool {
     matches!(conn.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
-enum Failed {
-    /// The connection failed before a single byte of response came back.
-    BeforeAnswer(io::Error),
-    Other(io::Error),
-}
-
 /// Writes the request and reads the response; the connection comes back when it can carry
 /// another request.
 async fn exchange(
@@ -304,291 +309,13 @@ async fn exchange(
     if let Err(e) = conn.write_all(request).await {
         return Err(Failed::BeforeAnswer(e));
     }
-    let mut buf = Vec::with_capacity(FIRST_READ);
-    match fill(&mut conn, &mut buf).await {
-        Ok(0) => {
-            return Err(Failed::BeforeAnswer(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection was closed before a response came",
-            )))
-        }
-        Ok(_) => {}
-        Err(e) => return Err(Failed::BeforeAnswer(e)),
-    }
-    read_response(conn, buf).await.map_err(Failed::Other)
-}
-
-/// Reads more of the stream into `buf`'s spare room (growing it when full). `Ok(0)` is the
-/// end of the stream.
-async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    if buf.len() == buf.capacity() {
-        buf.reserve(buf.capacity().max(FIRST_READ));
-    }
-    conn.read_buf(buf).await
-}
-
-fn invalid(what: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what.into())
-}
-
-fn cut_short() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        "the connection was closed in the middle of the response",
-    )
-}
-
-/// How the body of a response is delimited.
-enum Framing {
-    None,
-    Length(usize),
-    Chunked,
-    UntilClose,
-}
-
-/// Parses the response in `buf` (reading more as needed) to its end.
-async fn read_response(
-    mut conn: TcpStream,
-    mut buf: Vec<u8>,
-) -> io::Result<(Response, Option<TcpStream>)> {
-    // The head, skipping interim (1xx) responses.
-    let Head {
-        status,
-        retry_after,
-        framing,
-        mut keep_alive,
-        len: head_len,
-    } = loop {
-        match parse_head(&buf)? {
-            Parsed::Final(head) => break head,
-            Parsed::Interim(len) => {
-                buf.drain(..len);
-            }
-            Parsed::Partial => {
-                if buf.len() > MAX_HEAD {
-                    return Err(invalid(format!(
-                        "the response head is over {} KiB",
-                        MAX_HEAD / 1024
-                    )));
-                }
-                if fill(&mut conn, &mut buf).await? == 0 {
-                    return Err(cut_short());
-                }
-            }
-        }
-    };
-    buf.drain(..head_len);
-    let body = match framing {
-        Framing::None => {
-            keep_alive &= buf.is_empty();
-            Vec::new()
-        }
-        Framing::Length(n) => {
-            while buf.len() < n {
-                buf.reserve(n - buf.len());
-                if conn.read_buf(&mut buf).await? == 0 {
-                    return Err(cut_short());
-                }
-            }
-            // Bytes past the body: the server is out of step with us.
-            keep_alive &= buf.len() == n;
-            buf.truncate(n);
-            buf
-        }
-        Framing::Chunked => {
-            let (body, rest) = dechunk(&mut conn, buf).await?;
-            keep_alive &= rest == 0;
-            body
-        }
-        Framing::UntilClose => {
-            keep_alive = false;
-            while fill(&mut conn, &mut buf).await? != 0 {}
-            buf
-        }
-    };
-    let reuse = keep_alive.then_some(conn);
-    Ok((
-        Response {
-            status,
-            retry_after,
-            body,
-        },
-        reuse,
-    ))
-}
-
-/// A final response's head.
-struct Head {
-    status: u16,
-    retry_after: Option<Duration>,
-    framing: Framing,
-    keep_alive: bool,
-    /// Its length in bytes (the body starts there).
-    len: usize,
-}
-
-/// What the start of a response buffer holds.
-enum Parsed {
-    Final(Head),
-    /// An interim (1xx) response's head of this many bytes, to skip.
-    Interim(usize),
-    /// Not a whole head yet.
-    Partial,
-}
-
-/// Parses the head at the start of `buf`. Not async on purpose: the parser's header array
-/// (`MAX_HEADERS` entries, 3,200 bytes) lives only here, not in the state of every request
-/// in flight (it made the exchange future 3,728 bytes, copied as it moved and boxed per
-/// request).
-fn parse_head(buf: &[u8]) -> io::Result<Parsed> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    match resp.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => {
-            let status = resp.code.unwrap_or(0);
-            if (100..200).contains(&status) && status != 101 {
-                return Ok(Parsed::Interim(len));
-            }
-            let (framing, keep_alive, retry_after) = read_head(&resp, status)?;
-            Ok(Parsed::Final(Head {
-                status,
-                retry_after,
-                framing,
-                keep_alive,
-                len,
-            }))
-        }
-        Ok(httparse::Status::Partial) => Ok(Parsed::Partial),
-        Err(e) => Err(invalid(format!("the response is not HTTP/1.x ({e})"))),
-    }
-}
-
-/// What the head says: how the body is framed, whether the connection can be reused, and
-/// a numeric `Retry-After`.
-fn read_head(
-    resp: &httparse::Response,
-    status: u16,
-) -> io::Result<(Framing, bool, Option<Duration>)> {
-    // HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes it unless told
-    // otherwise.
-    let mut keep_alive = resp.version == Some(1);
-    let (mut length, mut chunked, mut coded) = (None::<usize>, false, false);
-    let mut retry_after = None;
-    for h in resp.headers.iter() {
-        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let n = value
-                .parse::<usize>()
-                .map_err(|_| invalid(format!("bad Content-Length {value:?}")))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(invalid("two different Content-Length headers"));
-            }
-            length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            coded = true;
-            // Chunked must be the last coding for the body to be delimited by it.
-            chunked = value
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for token in value.split(',').map(str::trim) {
-                if token.eq_ignore_ascii_case("close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case("keep-alive") && resp.version == Some(0) {
-                    keep_alive = true;
-                }
-            }
-        } else if h.name.eq_ignore_ascii_case("retry-after") {
-            retry_after = value.parse::<u64>().ok().map(Duration::from_secs);
-        }
-    }
-    let framing = if status == 204 || status == 304 || (100..200).contains(&status) {
-        Framing::None
-    } else if coded {
-        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3).
-        if chunked {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        }
-    } else if let Some(n) = length {
-        Framing::Length(n)
-    } else {
-        Framing::UntilClose
-    };
-    if status == 101 {
-        // Switching protocols: the connection no longer speaks HTTP/1.1 (never asked for).
-        keep_alive = false;
-    }
-    if coded && length.is_some() {
-        // A message with both is suspect (smuggling); do not reuse the connection.
-        keep_alive = false;
-    }
-    Ok((framing, keep_alive, retry_after))
-}
-
-/// Decodes a chunked body; `buf` holds what was read past the head. Also returns how many
-/// bytes came after the body (none, from a server in step with us).
-async fn dechunk(conn: &mut TcpStream, mut buf: Vec<u8>) -> io::Result<(Vec<u8>, usize)> {
-    let mut body = Vec::new();
-    let mut at = 0;
-    loop {
-        // The chunk size line.
-        let (size_len, size) = loop {
-            match httparse::parse_chunk_size(&buf[at..]) {
-                Ok(httparse::Status::Complete((len, size))) => break (len, size),
-                Ok(httparse::Status::Partial) => {
-                    if fill(conn, &mut buf).await? == 0 {
-                        return Err(cut_short());
-                    }
-                }
-                Err(_) => return Err(invalid("a bad chunk size in a chunked body")),
-            }
-        };
-        at += size_len;
-        let size = usize::try_from(size).map_err(|_| invalid("a chunk too large"))?;
-        if size == 0 {
-            // Trailers (ignored), up to the empty line.
-            loop {
-                if let Some(end) = find_crlf(&buf[at..]) {
-                    if end == 0 {
-                        return Ok((body, buf.len() - at - 2));
-                    }
-                    at += end + 2;
-                    continue;
-                }
-                if fill(conn, &mut buf).await? == 0 {
-                    return Err(cut_short());
-                }
-            }
-        }
-        // The chunk and its CRLF.
-        while buf.len() < at + size + 2 {
-            if fill(conn, &mut buf).await? == 0 {
-                return Err(cut_short());
-            }
-        }
-        body.extend_from_slice(&buf[at..at + size]);
-        if &buf[at + size..at + size + 2] != b"\r\n" {
-            return Err(invalid("a chunk not followed by CRLF"));
-        }
-        at += size + 2;
-        // Keep the buffer small: drop what was consumed.
-        if at > FIRST_READ {
-            buf.drain(..at);
-            at = 0;
-        }
-    }
-}
-
-fn find_crlf(b: &[u8]) -> Option<usize> {
-    b.windows(2).position(|w| w == b"\r\n")
+    framing::receive(conn).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     /// A server that answers each request on each connection with the next of `answers`

@@ -13,6 +13,13 @@ pub mod exec;
 pub mod http;
 mod http_client;
 
+/// The http handler's response framing, for the fuzz target in `fuzz/` (not an API).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::http_client::framing::{frame, Framed};
+}
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
