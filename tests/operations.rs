@@ -490,3 +490,137 @@ async fn a_job_can_override_its_queues_backoff_and_timeout() {
     assert!(quick.last_error.unwrap().contains("timed out after 300ms"));
     worker.shutdown().await;
 }
+
+/// Pause holds across three workers: after `pause_queue()` returns, nothing of the queue
+/// starts on any of them (the jobs published meanwhile get no row at all: their messages
+/// wait in the stream), a job already running finishes, and after the resume every job runs
+/// once, no attempt spent while paused.
+#[tokio::test]
+async fn a_paused_queue_starts_nothing_on_three_workers_then_runs_everything_once() {
+    let env = TestEnv::new(
+        "[queues.email]\nconcurrency = 8\nhandler = { kind = \"rust\", name = \"work\" }\n",
+    )
+    .await;
+    let work = from_fn(|job| async move {
+        if job.id == "long" {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        Ok(None)
+    });
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        workers.push(env.worker(&[("work", work.clone())]).await);
+    }
+    for i in 0..30 {
+        env.publish_raw("email", format!(r#"{{"id":"before-{i}","payload":{{}}}}"#))
+            .await;
+    }
+    assert!(env.wait_count("completed", 30, 20).await);
+    env.publish_raw("email", r#"{"id":"long","payload":{}}"#)
+        .await;
+    assert!(env.wait_status("long", "processing", 10).await);
+    let since = env
+        .store
+        .pause_queue("email", "test", Some("incident 42"), false)
+        .await
+        .unwrap();
+    // Ten seconds of publishing while paused.
+    let started = std::time::Instant::now();
+    let mut i: i64 = 0;
+    while started.elapsed() < Duration::from_secs(10) {
+        env.publish_raw("email", format!(r#"{{"id":"after-{i}","payload":{{}}}}"#))
+            .await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let published = i;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE id LIKE 'after-%'")
+            .await,
+        0,
+        "jobs published while paused got rows (started)"
+    );
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM jobs WHERE started_at > to_timestamp({since}) + interval '50 ms'"
+        ))
+        .await,
+        0,
+        "a job started after the pause"
+    );
+    assert_eq!(env.status_of("long").await.as_deref(), Some("completed"));
+    let listed = text(&env.cli(&["queues", "list"]));
+    assert!(
+        listed.contains("email") && listed.contains("by test: incident 42"),
+        "{listed}"
+    );
+    let stats = text(&env.cli(&["stats"]));
+    assert!(stats.contains("paused queues"), "{stats}");
+
+    let out = env.cli(&["queues", "resume", "email"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            env.scalar("SELECT count(*) FROM jobs WHERE id LIKE 'after-%' AND status = 'completed'")
+                .await
+                == published
+        })
+        .await,
+        "after the resume: {} of {published} completed",
+        env.scalar("SELECT count(*) FROM jobs WHERE id LIKE 'after-%' AND status = 'completed'")
+            .await
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE attempts <> 1")
+            .await,
+        0,
+        "an attempt was spent while paused"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// Pausing a queue no running worker serves (a typo), a queue name the contract refuses, or
+/// resuming a queue that is not paused: an error naming the queue, and nothing changed.
+/// `--force` pauses a queue before its workers run.
+#[tokio::test]
+async fn pausing_a_queue_nobody_serves_or_a_bad_name_is_refused_and_changes_nothing() {
+    let env =
+        TestEnv::new("[queues.email]\nhandler = { kind = \"rust\", name = \"work\" }\n").await;
+    let work = from_fn(|_job| async { Ok(None) });
+    let worker = env.worker(&[("work", work)]).await;
+    let out = env.cli(&["queues", "pause", "emial"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("no running worker serves queue \"emial\" (served: email)"),
+        "{}",
+        text(&out)
+    );
+    let out = env.cli(&["queues", "pause", "e mail"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("\"e mail\""), "{}", text(&out));
+    let out = env.cli(&["queues", "resume", "email"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("queue \"email\" is not paused (paused: none)"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM queue_pauses").await, 0);
+    let out = env.cli(&[
+        "queues",
+        "pause",
+        "reports",
+        "--force",
+        "--reason",
+        "not deployed",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM queue_pauses WHERE queue = 'reports'")
+            .await,
+        1
+    );
+    worker.shutdown().await;
+}

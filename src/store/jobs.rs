@@ -125,16 +125,21 @@ impl Store {
         let sql = sql::JOB_CLAIM;
         let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
         let mut claims = vec![Claim::Duplicate; batch.len()];
-        let mut alive = true;
+        let (mut alive, mut paused) = (true, false);
         for r in rows {
             let idx = r.get::<_, i64>(0) as usize - 1;
             alive = r.get(1);
+            paused = r.get(14);
             if !r.get::<_, bool>(2) {
                 continue; // no row: inserted concurrently elsewhere (or not alive)
             }
             claims[idx] = claim_of(&r, &batch[idx].job.queue);
         }
-        Ok(ClaimAnswer { alive, claims })
+        Ok(ClaimAnswer {
+            alive,
+            paused,
+            claims,
+        })
     }
 
     /// The claim's common case (`job_claim_new.sql`): inserts the rows of the batch's new

@@ -36,6 +36,8 @@ pub struct Registration<'a> {
     /// The largest payload it decodes (`worker.max_payload_bytes`): SQL `enqueue()` refuses
     /// larger ones while it is alive.
     pub max_payload_bytes: usize,
+    /// The queues it serves (a pause of a queue no running worker serves is refused).
+    pub queues: Vec<String>,
 }
 
 fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
@@ -79,6 +81,7 @@ impl Store {
                 &ms(w.heartbeat_every),
                 &ms(w.dead_after),
                 &(w.max_payload_bytes.min(i32::MAX as usize) as i32),
+                &w.queues,
             ],
         )
         .await?;

@@ -7,7 +7,7 @@ mod job;
 mod tables;
 
 pub use job::{format_job, pretty, AttemptView, JobView, WorkerLine};
-pub use tables::{format_pipeline, format_stats, format_unserved, format_workers};
+pub use tables::{format_paused, format_pipeline, format_stats, format_unserved, format_workers};
 
 /// A duration for a page or a sentence: `35 ms`, `1.2 s`, `4 min`, `3 h`, `2 d`; `–` for none.
 pub fn secs(v: Option<f64>) -> String {

@@ -2,7 +2,7 @@
 //! columns for a terminal, one line per row.
 
 use super::ago;
-use crate::store::{PipelineJob, QueueStats, UnservedRow, WorkerRow};
+use crate::store::{Pause, PipelineJob, QueueStats, UnservedRow, WorkerRow};
 
 /// The `jobwarden workers` table.
 pub fn format_workers(rows: &[WorkerRow]) -> String {
@@ -60,6 +60,28 @@ pub fn format_stats(rows: &[QueueStats]) -> String {
             secs(r.p50_run_seconds),
             secs(r.p95_run_seconds),
             r.retry_rate * 100.0
+        ));
+    }
+    out
+}
+
+/// The paused queues (`jobwarden queues list`, and `stats` when any is paused): one line
+/// each, since when, by whom and why.
+pub fn format_paused(rows: &[Pause]) -> String {
+    if rows.is_empty() {
+        return "no queue is paused\n".into();
+    }
+    let mut out = String::from("paused queues (nothing new starts until resumed):\n");
+    for p in rows {
+        out.push_str(&format!(
+            "  {:<12} paused {} ago by {}{}\n",
+            p.queue,
+            ago(p.for_seconds),
+            p.by,
+            p.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
         ));
     }
     out

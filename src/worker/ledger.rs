@@ -304,6 +304,7 @@ mod tests {
             rate: None,
             handler: from_fn(|_| async { Ok(None) }),
             metrics: crate::worker::metrics::Metrics::new().queue(name),
+            paused: Default::default(),
         })
     }
 

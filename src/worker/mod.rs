@@ -179,6 +179,9 @@ pub(crate) struct QueuePolicy {
     pub rate: Option<crate::config::RateLimit>,
     pub handler: Arc<dyn Handler>,
     pub metrics: metrics::QueueMetrics,
+    /// The queue is paused (`queue_pauses`, as last read by the scheduler or answered by a
+    /// claim): its producer pulls nothing.
+    pub paused: AtomicBool,
 }
 
 /// What every service of one worker shares.
@@ -283,6 +286,13 @@ impl Shared {
         self.outbound.event(subject, event.to_string().into());
     }
 
+    /// Whether `queue` is paused, as this worker last learnt.
+    pub(crate) fn paused(&self, queue: &str) -> bool {
+        self.queues
+            .get(queue)
+            .is_some_and(|p| p.paused.load(Ordering::SeqCst))
+    }
+
     /// Registers (again) in the `workers` table, with the thresholds others judge it by.
     pub(crate) async fn register(&self) -> Result<(), crate::store::StoreError> {
         let pid = std::process::id() as i32;
@@ -299,6 +309,7 @@ impl Shared {
                 heartbeat_every: self.pacing.heartbeat_every,
                 dead_after: self.pacing.dead_after,
                 max_payload_bytes: self.config.worker.max_payload_bytes,
+                queues: self.config.queues.keys().cloned().collect(),
             })
             .await
     }
@@ -399,6 +410,7 @@ impl Worker {
                     rate: q.rate_limit,
                     handler,
                     metrics: metrics.queue(name),
+                    paused: AtomicBool::new(false),
                 }),
             );
         }

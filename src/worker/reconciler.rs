@@ -90,6 +90,11 @@ impl Reconciler {
 
     async fn adopt_lane(&mut self, lane: &Lane) -> Result<usize, String> {
         let shared = self.shared.clone();
+        // A paused queue's messages wait in the stream, delivered or not, until the resume.
+        if shared.paused(&lane.queue) {
+            self.rowless.remove(&lane.consumer_name());
+            return Ok(0);
+        }
         let broker = &shared.broker;
         let key = lane.consumer_name();
         let pos = broker
@@ -318,6 +323,9 @@ impl Reconciler {
             // Jobs are published to the lane of their priority: band 5 carries none (the
             // default priority goes to the bare subject).
             if lane.band.is_some() && lane.priority() == DEFAULT_PRIORITY {
+                continue;
+            }
+            if shared.paused(&lane.queue) {
                 continue;
             }
             let pos = shared

@@ -20,6 +20,7 @@ use super::{Shared, Stats};
 use crate::broker::{Broker, BrokerError, BROKER_CALL_LIMIT};
 use crate::job::Envelope;
 use crate::store::{DueJob, DueRound, PublishReport};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -32,6 +33,8 @@ const CHAIN_LIMIT: i64 = 500;
 const CHAIN_ROUNDS: usize = 16;
 /// How soon a lost LISTEN connection is opened again.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often the paused queues are read (a resume starts the queue's jobs within this).
+const PAUSES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) struct Scheduler {
     shared: Arc<Shared>,
@@ -52,7 +55,12 @@ impl Scheduler {
         let mut wake: Option<tokio::sync::mpsc::Receiver<()>> = None;
         let mut listen_tried: Option<std::time::Instant> = None;
         let mut rechecked = std::time::Instant::now();
+        let mut pauses_read: Option<std::time::Instant> = None;
         loop {
+            if pauses_read.is_none_or(|t| t.elapsed() >= PAUSES_EVERY) {
+                pauses_read = Some(std::time::Instant::now());
+                self.read_pauses().await;
+            }
             if wake.is_none() && listen_tried.is_none_or(|t| t.elapsed() >= LISTEN_RETRY) {
                 listen_tried = Some(std::time::Instant::now());
                 match self.shared.store.listen_enqueues().await {
@@ -113,6 +121,28 @@ impl Scheduler {
                     Err(e) => break outage.failed(&e).max(every),
                 }
             };
+        }
+    }
+
+    /// Marks the queues paused and resumed since the last read (`queue_pauses`): a paused
+    /// queue's producer pulls nothing (the claim statements refuse its jobs in any case).
+    async fn read_pauses(&self) {
+        let paused = match self.shared.store.paused_queues().await {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(cause = %e, "cannot read the paused queues; trying again");
+                return;
+            }
+        };
+        for (name, policy) in &self.shared.queues {
+            let now = paused.iter().any(|p| &p.queue == name);
+            if policy.paused.swap(now, Ordering::SeqCst) != now {
+                if now {
+                    info!(queue = %name, "queue paused: its messages wait in the stream until it is resumed");
+                } else {
+                    info!(queue = %name, "queue resumed");
+                }
+            }
         }
     }
 

@@ -9,6 +9,7 @@
 mod bench;
 mod bench_recovery;
 mod demo;
+mod queues;
 mod testkit;
 
 use anyhow::{anyhow, Context, Result};
@@ -103,6 +104,11 @@ enum Command {
     Cron {
         #[command(subcommand)]
         command: CronCommand,
+    },
+    /// Pause and resume queues on every worker; list the paused ones.
+    Queues {
+        #[command(subcommand)]
+        command: queues::QueuesCommand,
     },
     /// Per-queue statistics (the job_stats view).
     Stats {
@@ -449,6 +455,11 @@ async fn real_main(cli: Cli) -> Result<()> {
             let store = Store::connect(&config.database).await?;
             dlq(&store, command).await
         }
+        Command::Queues { command } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            queues::run(&store, command).await
+        }
         Command::Stats { json } => {
             let config = Config::load_connections(path.as_deref())?;
             let store = Store::connect(&config.database).await?;
@@ -579,13 +590,17 @@ async fn dlq(store: &Store, command: DlqCommand) -> Result<()> {
 async fn stats(store: &Store, json: bool) -> Result<()> {
     let rows = store.job_stats().await?;
     let unserved = store.unserved_list().await?;
+    let paused = store.paused_queues().await?;
     if json {
-        let out = serde_json::json!({ "queues": rows, "unserved": unserved });
+        let out = serde_json::json!({ "queues": rows, "unserved": unserved, "paused": paused });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     print!("{}", jobwarden::view::format_stats(&rows));
     print!("{}", jobwarden::view::format_unserved(&unserved));
+    if !paused.is_empty() {
+        print!("\n{}", jobwarden::view::format_paused(&paused));
+    }
     Ok(())
 }
 

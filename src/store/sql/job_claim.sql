@@ -4,7 +4,9 @@
 -- its lease. Every other row is reported with its status (and queue: an id that belongs to
 -- another queue's job is not this message's job) so the caller can ack and drop.
 -- Nothing is claimed unless the worker is registered and not stopped: a worker that others
--- declared dead must register again first (its `alive` column says so).
+-- declared dead must register again first (its `alive` column says so). Nothing is claimed
+-- or inserted of a paused queue (`queue_pauses`; the batch is one queue's) either: the last
+-- column, `paused`, says so, and the caller hands the messages back to the stream.
 -- Each answer row carries the input's position (`idx`), and `same_payload` says whether an
 -- existing row holds the message's payload (a message that lands on another job's id with
 -- another payload is a conflict the caller must keep visible).
@@ -20,7 +22,8 @@ WITH input AS (
               backoff, traceparent, then_jobs, idx)
 ),
 me AS (
-    SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL) AS alive
+    SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL) AS alive,
+           EXISTS (SELECT 1 FROM queue_pauses WHERE queue = ($4::text[])[1]) AS paused
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
@@ -35,7 +38,7 @@ inserted AS (
            $1, 1, now(), now(), now() + $2::int8 * interval '1 millisecond',
            GREATEST(now(), COALESCE(to_timestamp(i.run_at_ms / 1000.0), now()))
     FROM input i
-    WHERE (SELECT alive FROM me)
+    WHERE (SELECT alive AND NOT paused FROM me)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue, j.backoff,
               j.traceparent
@@ -50,7 +53,7 @@ claimed AS (
         stale_at = now() + $2::int8 * interval '1 millisecond', stage = NULL, progress = NULL,
         message = NULL, updated_at = now(), traceparent = COALESCE(j.traceparent, i.traceparent)
     FROM input i
-    WHERE (SELECT alive FROM me) AND j.id = ANY((SELECT ids FROM others)::text[]) AND j.id = i.id
+    WHERE (SELECT alive AND NOT paused FROM me) AND j.id = ANY((SELECT ids FROM others)::text[]) AND j.id = i.id
       AND j.queue = i.queue
       AND (j.status = 'queued' OR (j.status = 'scheduled' AND j.scheduled_at <= now()))
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue,
@@ -71,5 +74,6 @@ answer AS (
     WHERE j.id = ANY((SELECT ids FROM others)::text[]) AND j.id NOT IN (SELECT id FROM claimed)
 )
 SELECT i.idx, (SELECT alive FROM me), a.id IS NOT NULL AS found, a.status, a.attempts, a.max_attempts, a.lease,
-       a.timeout_ms, a.payload, a.fresh, a.queue, a.backoff, a.traceparent, a.same_payload
+       a.timeout_ms, a.payload, a.fresh, a.queue, a.backoff, a.traceparent, a.same_payload,
+       (SELECT paused FROM me)
 FROM input i LEFT JOIN answer a ON a.id = i.id

@@ -1,6 +1,6 @@
 -- The claim's common case: the messages are new jobs. Inserts their rows already claimed
--- (or `scheduled` when their run_at is ahead), if this worker is registered and not stopped,
--- and returns the rows it inserted; the caller claims the rest (every id when this worker may
+-- (or `scheduled` when their run_at is ahead), if this worker is registered and not stopped
+-- and the queue is not paused (the batch is one queue's), and returns the rows it inserted; the caller claims the rest (every id when this worker may
 -- not claim) with job_claim.sql. One insert and no joins: a fraction of the full statement's
 -- work for the same rows. No ON CONFLICT either (a speculative insertion costs a fifth of the
 -- statement): an id or idempotency key that exists already fails the whole statement with
@@ -26,4 +26,5 @@ FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int
      AS i(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
           backoff, traceparent, then_jobs)
 WHERE EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM queue_pauses WHERE queue = ($4::text[])[1])
 RETURNING j.id, j.lease, j.attempts, j.status = 'processing'

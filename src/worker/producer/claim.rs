@@ -8,8 +8,8 @@ pub(super) enum Answer {
     Claim(Claim),
     /// PostgreSQL refused this message's data: recorded as invalid.
     Refused(String),
-    /// Not claimed (the database went away mid-way, or this worker is not registered):
-    /// handed back to the stream.
+    /// Not claimed (the database went away mid-way, this worker is not registered, or the
+    /// queue is paused): handed back to the stream.
     NotTried,
 }
 
@@ -132,6 +132,9 @@ impl Producer {
             shared.fenced.store(true, Ordering::SeqCst);
             shared.reregister.notify_one();
             warn!(worker.id = %shared.worker_id, "claim refused: this worker is not registered (declared dead); registering again");
+        }
+        if answers.paused && !self.policy.paused.swap(true, Ordering::SeqCst) {
+            tracing::info!(queue = %self.policy.name, "queue paused: its messages wait in the stream until it is resumed");
         }
         let mut fates = Fates {
             rejected,

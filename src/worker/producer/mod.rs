@@ -70,6 +70,9 @@ const CONSUMER_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// How long a message a doorbell brought waits for a slot before it goes back to the stream
 /// (and a job claimed ahead of its slot before it is given back).
 const HOLD_MAX: Duration = Duration::from_secs(1);
+/// A paused queue's message that arrived anyway comes back no sooner than this (only to a
+/// pull sent before the pause: those expire within [`PULL_EXPIRES`]).
+const PAUSED_REDELIVERY: Duration = Duration::from_secs(1);
 /// A queue whose jobs end this fast claims ahead: up to a claim group per statement in
 /// flight more than its free slots, so the next groups' statements run while the last
 /// groups' jobs still hold their slots, instead of after they end and a pull's round trip
@@ -281,8 +284,10 @@ impl Producer {
     pub async fn run(mut self, cancel: CancellationToken) {
         self.stop = cancel.clone();
         loop {
-            // A worker fenced off from PostgreSQL takes no new work until it is back.
-            let fenced = self.shared.fenced.load(Ordering::SeqCst);
+            // A worker fenced off from PostgreSQL takes no new work until it is back; nor
+            // does a paused queue until it is resumed.
+            let paused = self.policy.paused.load(Ordering::SeqCst);
+            let fenced = self.shared.fenced.load(Ordering::SeqCst) || paused;
             self.holding = !self.held.is_empty();
             let room = self.room();
             if !fenced && self.admit_held(room).await {
@@ -326,7 +331,11 @@ impl Producer {
             }
             self.settle_flow().await;
             self.take_in(got).await;
-            self.claim_ready().await;
+            if paused {
+                self.send_back_paused();
+            } else {
+                self.claim_ready().await;
+            }
         }
         self.shut_down().await;
     }
@@ -394,6 +403,21 @@ impl Producer {
         if let Some(f) = self.flow.as_mut() {
             f.jobs_ended(self.freed.take());
             f.report_ended().await;
+        }
+    }
+
+    /// A paused queue's messages that still arrive (from pulls sent before the pause): back
+    /// to the stream unclaimed, to come back no sooner than [`PAUSED_REDELIVERY`] (to
+    /// nobody, once the pulls still open expire: they wait there until the resume).
+    fn send_back_paused(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        for d in std::mem::take(&mut self.ready)
+            .into_iter()
+            .chain(held.into_iter().map(|(d, _)| d))
+        {
+            self.shared
+                .outbound
+                .ack(&d.acker(), AckKind::Nak(Some(PAUSED_REDELIVERY)));
         }
     }
 

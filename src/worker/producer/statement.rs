@@ -15,6 +15,8 @@ pub(super) struct ClaimAnswer {
 pub(super) struct Answers {
     /// False when this worker is not registered (declared dead): it claimed nothing.
     pub(super) registered: bool,
+    /// True when the queue is paused: nothing was claimed of what is [`Answer::NotTried`].
+    pub(super) paused: bool,
     /// One per input, at the same positions.
     pub(super) each: Vec<Answer>,
 }
@@ -31,7 +33,11 @@ impl ClaimAnswer {
     /// The statement ran.
     fn ran(registered: bool, each: Vec<Answer>) -> ClaimAnswer {
         ClaimAnswer {
-            answers: Some(Answers { registered, each }),
+            answers: Some(Answers {
+                registered,
+                paused: false,
+                each,
+            }),
             health: Some(Ok(())),
         }
     }
@@ -93,10 +99,10 @@ pub(super) async fn claim(
         .collect();
     let ClaimAnswer { answers, health } = claim_existing(shared, stale, &rest).await;
     let inserted = fresh.iter().any(Option::is_some);
-    let (registered, mut others) = match answers {
-        Some(a) => (a.registered, a.each.into_iter()),
+    let (registered, paused, mut others) = match answers {
+        Some(a) => (a.registered, a.paused, a.each.into_iter()),
         // The inserts are committed claims: they run; the rest goes back.
-        None if inserted => (true, Vec::new().into_iter()),
+        None if inserted => (true, false, Vec::new().into_iter()),
         None => {
             return ClaimAnswer {
                 answers: None,
@@ -112,7 +118,11 @@ pub(super) async fn claim(
         })
         .collect();
     ClaimAnswer {
-        answers: Some(Answers { registered, each }),
+        answers: Some(Answers {
+            registered,
+            paused,
+            each,
+        }),
         health,
     }
 }
@@ -129,6 +139,15 @@ pub(super) async fn claim_existing(
         // Not registered: the statement wrote nothing, every message goes back.
         Ok(a) if !a.alive => {
             return ClaimAnswer::ran(false, inputs.iter().map(|_| Answer::NotTried).collect());
+        }
+        // A paused queue: nothing was claimed, every message goes back to the stream.
+        Ok(a) if a.paused => {
+            let mut answer =
+                ClaimAnswer::ran(true, inputs.iter().map(|_| Answer::NotTried).collect());
+            if let Some(a) = answer.answers.as_mut() {
+                a.paused = true;
+            }
+            return answer;
         }
         Ok(a) => return ClaimAnswer::ran(true, a.claims.into_iter().map(Answer::Claim).collect()),
         Err(e) if e.rejected_data().is_none() => return ClaimAnswer::failed(&e),
@@ -167,7 +186,11 @@ pub(super) async fn claim_existing(
         }
     }
     ClaimAnswer {
-        answers: Some(Answers { registered, each }),
+        answers: Some(Answers {
+            registered,
+            paused: false,
+            each,
+        }),
         health,
     }
 }
