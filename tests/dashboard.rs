@@ -923,6 +923,13 @@ async fn a_hostile_value_is_shown_escaped_on_every_page() {
     )
     .await
     .unwrap();
+    c.execute(
+        "INSERT INTO queue_pauses (queue, paused_by, reason)
+         VALUES ('queue' || $1, 'by' || $1, 'reason' || $1)",
+        &[&HOSTILE],
+    )
+    .await
+    .unwrap();
     let worker = env
         .worker(&[("h", from_fn(|_job| async { Ok(None) }))])
         .await;
@@ -933,8 +940,12 @@ async fn a_hostile_value_is_shown_escaped_on_every_page() {
         form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>()
     };
     let pages: Vec<(String, u16, Vec<String>)> = vec![
-        ("/".into(), 200, vec![e("queue")]),
-        ("/fragments/overview".into(), 200, vec![e("queue")]),
+        ("/".into(), 200, vec![e("queue"), e("by"), e("reason")]),
+        (
+            "/fragments/overview".into(),
+            200,
+            vec![e("queue"), e("by"), e("reason")],
+        ),
         (
             "/jobs".into(),
             200,
@@ -1015,5 +1026,91 @@ async fn a_hostile_value_is_shown_escaped_on_every_page() {
             assert!(html.contains(&s), "{path} does not show {s}:\n{html}");
         }
     }
+    worker.shutdown().await;
+}
+
+/// The overview's pause and resume: an admin pauses a queue (with a reason) and resumes it;
+/// without the token the same POST is refused and nothing is paused; a queue no running
+/// worker serves is not paused, and the banner says why.
+#[tokio::test]
+async fn an_admin_pauses_and_resumes_a_queue_from_the_overview() {
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
+    ))
+    .await;
+    let worker = env
+        .worker(&[("h", from_fn(|_job| async { Ok(None) }))])
+        .await;
+    env.publish_raw("work", r#"{"id":"w1","payload":{}}"#).await;
+    assert!(env.wait_status("w1", "completed", 10).await);
+    let base = format!("http://{}", worker.dashboard_addr.unwrap());
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let post = |path: &str, body: &str, token: Option<&str>| {
+        let mut r = client
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.to_string());
+        if let Some(t) = token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        r.send()
+    };
+    let forged = post("/queue/pause", "queue=work", None).await.unwrap();
+    assert_eq!(forged.status(), 403);
+    assert_eq!(env.scalar("SELECT count(*) FROM queue_pauses").await, 0);
+
+    let done = post("/queue/pause", "queue=work&reason=INC-7", Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    assert_eq!(
+        done.headers()["location"].to_str().unwrap(),
+        "/?done=paused&n=1"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM queue_pauses WHERE queue = 'work' AND paused_by = 'dashboard' AND reason = 'INC-7'")
+            .await,
+        1
+    );
+    let page = client
+        .get(format!("{base}/?done=paused&n=1"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("queue paused: nothing new starts"), "{page}");
+    assert!(page.contains("by dashboard: INC-7"), "{page}");
+    assert!(page.contains("action=\"/queue/resume\""), "{page}");
+
+    let resumed = post("/queue/resume", "queue=work", Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        resumed.headers()["location"].to_str().unwrap(),
+        "/?done=resumed&n=1"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM queue_pauses").await, 0);
+    let again = post("/queue/resume", "queue=work", Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.headers()["location"].to_str().unwrap(),
+        "/?done=not-paused&n=0"
+    );
+    let unserved = post("/queue/pause", "queue=nobody", Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        unserved.headers()["location"].to_str().unwrap(),
+        "/?done=not-served&n=0"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM queue_pauses").await, 0);
     worker.shutdown().await;
 }

@@ -53,9 +53,13 @@ pub(super) enum Done {
     NoneSelected,
     NoQueue,
     WrongToken,
+    Paused,
+    Resumed,
+    NotPaused,
+    NotServed,
 }
 
-const DONE: [(Done, &str); 8] = [
+const DONE: [(Done, &str); 12] = [
     (Done::Retried, "retried"),
     (Done::Discarded, "discarded"),
     (Done::NotDead, "not-dead"),
@@ -64,6 +68,10 @@ const DONE: [(Done, &str); 8] = [
     (Done::NoneSelected, "none-selected"),
     (Done::NoQueue, "no-queue"),
     (Done::WrongToken, "wrong-token"),
+    (Done::Paused, "paused"),
+    (Done::Resumed, "resumed"),
+    (Done::NotPaused, "not-paused"),
+    (Done::NotServed, "not-served"),
 ];
 
 impl Done {
@@ -91,6 +99,14 @@ impl Done {
             Done::NoneSelected => "select at least one job".into(),
             Done::NoQueue => "pick a queue to act on all of its dead jobs".into(),
             Done::WrongToken => "wrong admin token".into(),
+            Done::Paused => "queue paused: nothing new starts on any worker until resumed".into(),
+            Done::Resumed => "queue resumed".into(),
+            Done::NotPaused => "not resumed: the queue is not paused".into(),
+            Done::NotServed => {
+                "not paused: no running worker serves this queue (`jobwarden queues pause \
+                 --force` pauses it anyway)"
+                    .into()
+            }
         }
     }
 }
@@ -247,6 +263,51 @@ async fn dead_action(shared: &Shared, f: &DeadForm, discard: bool) -> Response {
             info!(jobs = ids.len(), "dashboard: dead jobs {verb}");
             back(&f.page(), done, ids.len())
         }
+        Err(e) => failed(e),
+    }
+}
+
+/// The overview's pause and resume forms: the queue, and why (for a pause).
+#[derive(Deserialize)]
+pub(super) struct QueueForm {
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    reason: String,
+}
+
+pub(super) async fn queue_pause(
+    _: Admin,
+    State(shared): State<Arc<Shared>>,
+    ActionForm(f): ActionForm<QueueForm>,
+) -> Response {
+    let reason = Some(f.reason.trim()).filter(|r| !r.is_empty());
+    match shared
+        .store
+        .pause_queue(&f.queue, "dashboard", reason, false)
+        .await
+    {
+        Ok(_) => {
+            info!(queue = %f.queue, "dashboard: queue paused");
+            back("/", Done::Paused, 1)
+        }
+        // Not a queue any running worker serves (or not a queue name at all).
+        Err(e) if e.rejected_data().is_some() => back("/", Done::NotServed, 0),
+        Err(e) => failed(e),
+    }
+}
+
+pub(super) async fn queue_resume(
+    _: Admin,
+    State(shared): State<Arc<Shared>>,
+    ActionForm(f): ActionForm<QueueForm>,
+) -> Response {
+    match shared.store.resume_queue(&f.queue).await {
+        Ok(Some(_)) => {
+            info!(queue = %f.queue, "dashboard: queue resumed");
+            back("/", Done::Resumed, 1)
+        }
+        Ok(None) => back("/", Done::NotPaused, 0),
         Err(e) => failed(e),
     }
 }

@@ -84,6 +84,8 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/dead", get(pages::jobs::dead))
         .route("/dead/retry", post(actions::dead_retry))
         .route("/dead/discard", post(actions::dead_discard))
+        .route("/queue/pause", post(actions::queue_pause))
+        .route("/queue/resume", post(actions::queue_resume))
         .route("/workers", get(pages::workers::page))
         .route("/scheduled", get(pages::scheduled::page))
         .route("/login", post(auth::login))

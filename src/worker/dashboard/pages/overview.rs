@@ -2,9 +2,9 @@
 //! times, the oldest waiting job), redrawn every 2 s from `/fragments/overview`.
 
 use super::super::auth::Viewer;
-use super::super::layout::{failed, more_link, page as layout, rows_of};
+use super::super::layout::{failed, flash, more_link, page as layout, rows_of};
 use super::super::{q, PAGE};
-use crate::store::{Bounded, QueueOverview};
+use crate::store::{Bounded, Pause, QueueOverview};
 use crate::view::secs;
 use crate::worker::Shared;
 use axum::extract::{Query, State};
@@ -36,7 +36,12 @@ pub(crate) async fn page(
         .map(|r| format!("/?after={}", q(&r.queue)))
         .unwrap_or_default();
     let full = rows.len() as i64 >= PAGE;
+    let paused = match shared.store.paused_queues().await {
+        Ok(p) => p,
+        Err(e) => return failed(e),
+    };
     let body = html! {
+        (flash(&p))
         table id="overview" {
             thead {
                 tr {
@@ -47,7 +52,7 @@ pub(crate) async fn page(
                     th class="n" { "oldest waiting" }
                 }
             }
-            tbody { (overview_rows(&rows)) }
+            tbody { (overview_rows(&rows, &paused, viewer.admin)) }
         }
         (more_link("next", full, &next, &format!("next {PAGE} queues")))
         p class="muted" id="updated" { "updated live every 2 s" }
@@ -59,25 +64,42 @@ pub(crate) async fn page(
 
 /// The overview's rows alone, for the page's own refresh.
 pub(crate) async fn fragment(
+    viewer: Viewer,
     State(shared): State<Arc<Shared>>,
     Query(p): Query<HashMap<String, String>>,
 ) -> Response {
     let after = p.get("after").cloned().unwrap_or_default();
+    let paused = match shared.store.paused_queues().await {
+        Ok(p) => p,
+        Err(e) => return failed(e),
+    };
     match shared.store.dashboard_overview(&after, PAGE).await {
-        Ok(Bounded::Done(rows)) => overview_rows(&rows).into_response(),
+        Ok(Bounded::Done(rows)) => overview_rows(&rows, &paused, viewer.admin).into_response(),
         Ok(Bounded::TooSlow) => (StatusCode::SERVICE_UNAVAILABLE, "too slow").into_response(),
         Err(e) => failed(e),
     }
 }
 
-fn overview_rows(rows: &[QueueOverview]) -> Markup {
+fn overview_rows(rows: &[QueueOverview], paused: &[Pause], admin: bool) -> Markup {
     html! {
         @if rows.is_empty() {
             tr { td colspan="10" class="muted" { "no jobs yet" } }
         }
         @for r in rows {
+            @let pause = paused.iter().find(|p| p.queue == r.queue);
             tr {
-                td { a href={ "/jobs?queue=" (q(&r.queue)) } { (r.queue) } }
+                td {
+                    a href={ "/jobs?queue=" (q(&r.queue)) } { (r.queue) }
+                    @if let Some(p) = pause {
+                        " " span class="bad paused" data-queue=(r.queue) {
+                            "paused " (crate::view::ago(p.for_seconds)) " ago by " (p.by)
+                            @if let Some(why) = &p.reason { ": " (why) }
+                        }
+                    }
+                    @if admin {
+                        (pause_form(&r.queue, pause.is_some()))
+                    }
+                }
                 (cell(r, "queued", html! { (r.queued) }))
                 (cell(r, "scheduled", html! { (r.scheduled) }))
                 (cell(r, "running", html! { (r.running) }))
@@ -87,6 +109,24 @@ fn overview_rows(rows: &[QueueOverview]) -> Markup {
                 (cell(r, "p95", html! { (secs(r.p95_run_seconds)) }))
                 (cell(r, "dead", dead(r)))
                 (cell(r, "oldest_queued", html! { (secs(r.oldest_queued_seconds)) }))
+            }
+        }
+    }
+}
+
+/// The admin's button that pauses a queue (with a reason) or resumes it.
+fn pause_form(queue: &str, paused: bool) -> Markup {
+    html! {
+        @if paused {
+            form method="post" action="/queue/resume" class="inline" {
+                input type="hidden" name="queue" value=(queue);
+                button data-queue=(queue) { "Resume" }
+            }
+        } @else {
+            form method="post" action="/queue/pause" class="inline" {
+                input type="hidden" name="queue" value=(queue);
+                input type="text" name="reason" placeholder="why" aria-label="why pause";
+                button data-queue=(queue) { "Pause" }
             }
         }
     }
