@@ -549,6 +549,18 @@ async fn a_paused_queue_starts_nothing_on_three_workers_then_runs_everything_onc
         "a job started after the pause"
     );
     assert_eq!(env.status_of("long").await.as_deref(), Some("completed"));
+    for w in &workers {
+        let metrics = reqwest::get(format!("http://{}/metrics", w.ops_addr.unwrap()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("jobwarden_queue_paused{queue=\"email\"} 1"),
+            "{metrics}"
+        );
+    }
     let listed = text(&env.cli(&["queues", "list"]));
     assert!(
         listed.contains("email") && listed.contains("by test: incident 42"),

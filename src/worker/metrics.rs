@@ -194,6 +194,19 @@ pub(crate) async fn render(shared: &Shared) -> String {
         "Attempts running on this worker now, by queue",
         in_flight,
     );
+    let paused = Family::<QueueLabel, Gauge>::default();
+    for (q, p) in &shared.queues {
+        paused
+            .get_or_create(&QueueLabel { queue: q.clone() })
+            .set(i64::from(
+                p.paused.load(std::sync::atomic::Ordering::SeqCst),
+            ));
+    }
+    r.register(
+        "queue_paused",
+        "1 while the queue is paused (jobwarden queues pause), as this worker last read it",
+        paused,
+    );
     register_stats(&mut r, &shared.stats);
     register_unserved(&mut r, &shared.unserved.get());
     register_depth(&mut r, shared).await;
