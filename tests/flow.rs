@@ -1243,7 +1243,12 @@ async fn a_worker_stopping_with_claims_in_flight_and_messages_waiting_to_be_clai
 ) {
     let env = TestEnv::new(&rust_queue("work", "concurrency = 512\n")).await;
     let (h, _, started) = counting();
-    let w = env.worker(&[("h", h)]).await;
+    // Claim groups of 64: the two statements in flight hold at most 128 messages, so of the
+    // more than 256 the worker takes, some always wait for a statement (with groups of 256,
+    // a slow machine could fit every message it took in the two).
+    let mut config = env.config.clone();
+    config.worker.claim_batch = 64;
+    let w = env.worker_with(config, &[("h", h)]).await;
     // Hold every claim: an insert waits for this lock.
     let mut lock = env.store.raw().await.unwrap();
     let tx = lock.transaction().await.unwrap();

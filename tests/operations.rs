@@ -568,14 +568,23 @@ async fn a_paused_queue_starts_nothing_on_three_workers_then_runs_everything_onc
     );
     let stats = text(&env.cli(&["stats"]));
     assert!(stats.contains("paused queues"), "{stats}");
+    // A job with a row (enqueued through PostgreSQL) says what it waits for.
+    env.enqueue_id("email", "with-row", serde_json::json!({}))
+        .await
+        .unwrap();
+    let shown = text(&env.cli(&["jobs", "show", "with-row"]));
+    assert!(
+        shown.contains("waits for its queue to be resumed: paused"),
+        "{shown}"
+    );
 
     let out = env.cli(&["queues", "resume", "email"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         wait_for(Duration::from_secs(30), || async {
-            env.scalar("SELECT count(*) FROM jobs WHERE id LIKE 'after-%' AND status = 'completed'")
+            env.scalar("SELECT count(*) FROM jobs WHERE (id LIKE 'after-%' OR id = 'with-row') AND status = 'completed'")
                 .await
-                == published
+                == published + 1
         })
         .await,
         "after the resume: {} of {published} completed",

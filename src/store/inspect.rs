@@ -118,6 +118,9 @@ impl Store {
                 .map(|(n, ms)| (n, Duration::from_millis(ms.max(0) as u64))),
             cap_held: r.get(10),
             rate_used: r.get(11),
+            paused: r
+                .get::<_, Option<f64>>(12)
+                .zip(r.get::<_, Option<String>>(13)),
         })))
     }
 
@@ -168,6 +171,8 @@ pub struct Waiting {
     /// Grants running under the cap; starts inside the rate limit's window.
     pub cap_held: i64,
     pub rate_used: i64,
+    /// When the queue is paused: for how long (seconds) and by whom.
+    pub paused: Option<(f64, String)>,
 }
 
 /// Says in words what a job waits for.
@@ -182,6 +187,16 @@ pub fn explain(w: &Waiting) -> String {
             "waits out its retry backoff after attempt {} failed: due in {due}",
             w.attempts
         ),
+        "queued" if w.paused.is_some() => {
+            let (for_seconds, by) = w.paused.clone().unwrap_or_default();
+            format!(
+                "waits for its queue to be resumed: paused {} ago by {by} (`jobwarden queues \
+                 resume <queue>`); {} of its queue running, {} worker(s) alive",
+                crate::view::ago(for_seconds),
+                w.running,
+                w.workers_alive
+            )
+        }
         "queued" => {
             let mut s = if let Some(cap) = w.cap.filter(|c| w.cap_held >= i64::from(*c)) {
                 format!(
@@ -243,6 +258,7 @@ mod tests {
             rate: None,
             cap_held: 0,
             rate_used: 0,
+            paused: None,
         }
     }
 
@@ -260,6 +276,18 @@ mod tests {
         q.workers_alive = 0;
         assert!(explain(&q).contains("no worker is running"));
         assert!(explain(&w("completed")).contains("waits for nothing"));
+        let mut p = w("queued");
+        p.paused = Some((125.0, "cli:alice@ops".into()));
+        assert!(
+            explain(&p)
+                .starts_with("waits for its queue to be resumed: paused 2m ago by cli:alice@ops"),
+            "{}",
+            explain(&p)
+        );
+        let mut later = w("scheduled");
+        later.paused = p.paused.clone();
+        later.due_in = Duration::from_secs(90);
+        assert_eq!(explain(&later), "waits for its run_at: due in 1m 30s");
         let mut capped = w("queued");
         capped.cap = Some(3);
         capped.cap_held = 3;
