@@ -192,7 +192,7 @@ pub fn explain(w: &Waiting) -> String {
             format!(
                 "waits for its queue to be resumed: paused {} ago by {by} (`jobwarden queues \
                  resume <queue>`); {} of its queue running, {} worker(s) alive",
-                crate::view::ago(for_seconds),
+                crate::config::fmt_dur(Duration::from_secs(for_seconds.max(0.0) as u64)),
                 w.running,
                 w.workers_alive
             )
@@ -279,8 +279,9 @@ mod tests {
         let mut p = w("queued");
         p.paused = Some((125.0, "cli:alice@ops".into()));
         assert!(
-            explain(&p)
-                .starts_with("waits for its queue to be resumed: paused 2m ago by cli:alice@ops"),
+            explain(&p).starts_with(
+                "waits for its queue to be resumed: paused 2m 5s ago by cli:alice@ops"
+            ),
             "{}",
             explain(&p)
         );
