@@ -34,6 +34,10 @@ BEGIN
         RAISE EXCEPTION 'jobwarden: a pause must say who paused (p_by), e.g. pause_queue(''email'', ''alice'')'
             USING ERRCODE = '22023';
     END IF;
+    IF length(p_by) > 200 OR length(COALESCE(p_reason, '')) > 1000 THEN
+        RAISE EXCEPTION 'jobwarden: a pause''s author may have at most 200 characters and its reason at most 1000 (got % and %); shorten them',
+            length(p_by), length(COALESCE(p_reason, '')) USING ERRCODE = '22023';
+    END IF;
     IF NOT p_force AND NOT EXISTS (
         SELECT 1 FROM workers WHERE stopped_at IS NULL AND p_queue = ANY (queues)
     ) THEN

@@ -628,6 +628,14 @@ async fn pausing_a_queue_nobody_serves_or_a_bad_name_is_refused_and_changes_noth
         "{}",
         text(&out)
     );
+    let long = "x".repeat(1001);
+    let out = env.cli(&["queues", "pause", "email", "--reason", &long]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("its reason at most 1000 (got ") && !text(&out).contains(&long),
+        "{}",
+        text(&out)
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM queue_pauses").await, 0);
     let out = env.cli(&[
         "queues",
