@@ -42,6 +42,7 @@ mod outbound;
 mod producer;
 mod reconciler;
 mod rescuer;
+mod rollup;
 mod scheduler;
 pub mod supervisor;
 
@@ -723,7 +724,7 @@ fn spawn_jobs(
 }
 
 /// Starts the services that run until `bc` fires, after the jobs drained: the scheduler,
-/// cron, the janitor, the heartbeat, the rescuer, the reconciler, the NATS client's watch
+/// cron, the janitor, the rollup, the heartbeat, the rescuer, the reconciler, the NATS client's watch
 /// and the listeners.
 fn spawn_background(
     shared: &Arc<Shared>,
@@ -750,6 +751,12 @@ fn spawn_background(
         None,
         bc.clone(),
         janitor::Janitor::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Rollup,
+        None,
+        bc.clone(),
+        rollup::Rollup::new(sh.clone()).run(bc.clone()),
     ));
     background.spawn(sup.service(
         Service::Heartbeat,
