@@ -43,9 +43,13 @@ CREATE TABLE rollup_mark (
 -- The day before this version is rolled up too (the service catches up in steps).
 INSERT INTO rollup_mark (upto) VALUES (date_trunc('hour', now()) - interval '25 hours');
 
--- Finished rows by time, for the rollup's reads and the dead-letter list of every queue
--- (jobs_dead is by queue first). Cancels and deaths are rare writes.
-CREATE INDEX jobs_dead_at ON jobs (completed_at) WHERE status = 'dead';
+-- Finished rows by time, for the rollup's reads; dead ones also in the dead-letter list's
+-- order (the most recently dead first), for every queue and for one, so that a page of the
+-- list reads a page of the index, never the whole dead-letter queue. Cancels and deaths are
+-- rare writes.
+CREATE INDEX jobs_dead_at ON jobs (completed_at DESC NULLS LAST, id) WHERE status = 'dead';
+DROP INDEX jobs_dead;
+CREATE INDEX jobs_dead ON jobs (queue, completed_at DESC NULLS LAST, id) WHERE status = 'dead';
 CREATE INDEX jobs_cancelled_at ON jobs (completed_at) WHERE status = 'cancelled';
 
 -- A histogram: one more count in the bucket of `ms`.
@@ -162,10 +166,11 @@ $$;
 -- One step of the rollup service: adds what finished in
 -- [mark, hi) to its minutes, hi being at most `max_step` past the mark and never past what is
 -- safe; moves the mark; folds minutes older than two hours into hours and drops hours older
--- than 90 days. Returns the new mark and how many finished rows it read; a NULL mark when
+-- than 90 days. Returns the new mark, how many finished rows it read, and whether it read
+-- all that is safe to read now (a step stopped by `max_step` did not); a NULL mark when
 -- another step is running (it holds the mark's row).
 CREATE FUNCTION rollup_step(max_step interval DEFAULT interval '15 minutes',
-                            OUT upto timestamptz, OUT rows_read int8)
+                            OUT upto timestamptz, OUT rows_read int8, OUT caught_up boolean)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -178,9 +183,12 @@ BEGIN
     IF NOT FOUND THEN
         upto := NULL;
         rows_read := 0;
+        caught_up := true;
         RETURN;
     END IF;
     hi := least(lo + max_step, rollup_safe_upto());
+    -- Stopped by what is safe, not by the step's length: nothing more to read now.
+    caught_up := hi < lo + max_step;
     IF hi <= lo THEN
         upto := lo;
         rows_read := 0;

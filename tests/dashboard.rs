@@ -1114,3 +1114,121 @@ async fn an_admin_pauses_and_resumes_a_queue_from_the_overview() {
     assert_eq!(env.scalar("SELECT count(*) FROM queue_pauses").await, 0);
     worker.shutdown().await;
 }
+
+/// `/charts` draws each queue's last hour (per minute) and last 24 hours (per hour) from the
+/// rollup and its live tail: the sums its bars stand for are the history's.
+#[tokio::test]
+async fn charts_draw_the_last_hour_and_day_from_the_rollup() {
+    let Some(driver) = Driver::start() else {
+        return;
+    };
+    let env = TestEnv::new(
+        "[queues.work]\nmax_attempts = 2\nbackoff = { kind = \"fixed\", base = \"50ms\" }\n\
+         handler = { kind = \"rust\", name = \"h\" }\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .await;
+    // History as the rollup holds it: minutes 2 to 50 ago (5 completed, 1 retried, waits
+    // of 100–250 ms each), hours 3 to 20 ago (100 completed, 2 retried). Whichever minute or
+    // hour the page is drawn in, all of them fall in its range.
+    env.store
+        .raw()
+        .await
+        .unwrap()
+        .batch_execute(
+            "INSERT INTO job_rollup (queue, span, bucket, completed, retried, run_ms, run_hist,
+                                     wait_ms, wait_hist)
+             SELECT 'work', 'minute', date_trunc('minute', now()) - m * interval '1 minute',
+                    5, 1, 60, '{6,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::int8[], 900,
+                    '{0,0,0,0,0,5,0,0,0,0,0,0,0,0,0,0,0}'::int8[]
+             FROM generate_series(2, 50) m
+             UNION ALL
+             SELECT 'work', 'hour', date_trunc('hour', now()) - h * interval '1 hour',
+                    100, 2, 1020, '{102,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::int8[], 0,
+                    '{100,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::int8[]
+             FROM generate_series(3, 20) h",
+        )
+        .await
+        .unwrap();
+    let h = from_fn(|job| async move {
+        match job.payload["kind"].as_str() {
+            Some("flaky") if job.attempt == 1 => Err(JobError::retry("try again")),
+            Some("bad") => Err(JobError::permanent("bad input")),
+            _ => Ok(None),
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
+    // And now: 8 completed (2 after a retry), 1 dead.
+    for (i, kind) in ["ok", "ok", "flaky", "ok", "bad", "ok", "flaky", "ok", "ok"]
+        .iter()
+        .enumerate()
+    {
+        env.publish_raw(
+            "work",
+            json!({"id": format!("c{i}"), "payload": {"kind": kind}}).to_string(),
+        )
+        .await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            env.count("completed").await == 8 && env.count("dead").await == 1
+        })
+        .await
+    );
+    let b = driver.browser("viewer").await;
+    let total = |series: &'static str| {
+        let b = &b;
+        async move {
+            b.find(Locator::Css(&format!(
+                "svg[data-queue='work'][data-series='{series}']"
+            )))
+            .await
+            .unwrap()
+            .attr("data-total")
+            .await
+            .unwrap()
+            .unwrap()
+        }
+    };
+    b.goto(&format!("{base}/charts")).await.unwrap();
+    assert_eq!(total("completed").await, (49 * 5 + 8).to_string());
+    assert_eq!(total("failed").await, (49 + 3).to_string());
+    // The waits of the history's minutes (in [100, 250) ms) show as bars.
+    assert!(count(&b, "svg[data-series='wait_p95'] rect").await >= 49);
+    b.find(Locator::LinkText("last 24 hours, per hour"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        total("completed").await,
+        (18 * 100 + 49 * 5 + 8).to_string()
+    );
+    assert_eq!(total("failed").await, (18 * 2 + 49 + 3).to_string());
+    // One bar per hour that did anything: 18 hours of history, the last two hours' minutes;
+    // each one drawn (the browser gives it a size), the tallest as tall as the chart allows.
+    let bars = b
+        .find_all(Locator::Css(
+            "svg[data-queue='work'][data-series='completed'] rect[fill]:not([x='0'])",
+        ))
+        .await
+        .unwrap();
+    assert!((19..=21).contains(&bars.len()), "{} bars", bars.len());
+    let mut tallest = 0.0_f64;
+    for bar in &bars {
+        let (_, _, w, h) = bar.rectangle().await.unwrap();
+        assert!(w > 0.0 && h > 0.0, "a bar is not drawn: {w}×{h}");
+        tallest = tallest.max(h);
+    }
+    assert!(tallest > 40.0, "the tallest bar is {tallest} px");
+    screenshot(&b, "dashboard-charts").await;
+    b.close().await.unwrap();
+
+    // A range the charts do not know is refused, saying which they do.
+    let (status, body) = page(&format!("{base}/charts?range=7d")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("range=1h or range=24h"), "{body}");
+    worker.shutdown().await;
+}

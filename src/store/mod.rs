@@ -32,7 +32,7 @@ pub use liveness::{Reclaimed, Registration, StreamBounds};
 pub use messages::{InvalidRow, UnservedRow, PUBLISH_RETRY};
 pub use ops::{QueueStats, WorkerRow};
 pub use pauses::Pause;
-pub use rollup::RollupStep;
+pub use rollup::{RollupStep, SeriesPoint};
 
 use crate::config::DatabaseConfig;
 use crate::job::{JobStatus, NewJob};

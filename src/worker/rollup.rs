@@ -21,8 +21,6 @@ use tracing::debug;
 pub(crate) const ROLLUP_EVERY: Duration = Duration::from_secs(5);
 /// Most steps in one round.
 const STEPS_PER_ROUND: usize = 20;
-/// A mark further behind the clock than this is caught up step after step.
-const BEHIND: f64 = 30.0;
 
 pub(crate) struct Rollup {
     shared: Arc<Shared>,
@@ -51,14 +49,13 @@ impl Rollup {
         }
     }
 
-    /// Steps until the mark is close to the clock, another worker is stepping, or the round's
-    /// steps are spent.
+    /// Steps until the mark has caught up with what is safe to read, another worker is
+    /// stepping, or the round's steps are spent.
     async fn round(&self, cancel: &CancellationToken) -> Result<(), crate::store::StoreError> {
         for _ in 0..STEPS_PER_ROUND {
             let step = self.shared.store.rollup_step().await?;
             debug!(?step, "rollup step");
-            let behind = step.behind.unwrap_or(0.0);
-            if step.upto.is_none() || behind < BEHIND || cancel.is_cancelled() {
+            if step.caught_up || cancel.is_cancelled() {
                 break;
             }
         }

@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// process, sampling its RSS as the backlog goes down.
     #[arg(long)]
     pub backlog: Option<usize>,
+    /// Only time the operator's answers (stats, the dashboard's overview, queue depths, the
+    /// dead-letter list) on a table holding this many finished jobs (e.g. 10000000).
+    #[arg(long)]
+    pub history: Option<usize>,
 }
 
 fn now_micros() -> i64 {
@@ -164,6 +168,9 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         jobwarden::redact::url(&base.database.url),
         jobwarden::redact::url(&base.nats.url)
     );
+    if let Some(n) = args.history {
+        return crate::bench_history::run(&base, n).await;
+    }
     let mut kinds = vec!["rust"];
     if !args.no_http {
         kinds.push("http");

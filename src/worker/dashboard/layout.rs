@@ -34,8 +34,9 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;background:#f
 "#;
 
 /// The navigation: key, address, label.
-const LINKS: [(&str, &str, &str); 5] = [
+const LINKS: [(&str, &str, &str); 6] = [
     ("overview", "/", "Overview"),
+    ("charts", "/charts", "Charts"),
     ("jobs", "/jobs", "Jobs"),
     ("dead", "/dead", "Dead letters"),
     ("workers", "/workers", "Workers"),

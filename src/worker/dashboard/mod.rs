@@ -9,7 +9,8 @@
 //! - `/jobs` filter by queue, status and text in the id or last error; `/job?id=` a job with
 //!   its payload, every attempt, progress, owner and heartbeat, and what it waits for;
 //! - `/dead` the dead-letter queue, with retry and discard, one, several or a whole queue;
-//! - `/workers`, `/scheduled` (scheduled jobs and cron schedules with their next fires).
+//! - `/workers`, `/scheduled` (scheduled jobs and cron schedules with their next fires);
+//! - `/charts` per queue the last hour or day as small SVG charts (completed, failed, wait).
 //!
 //! Read-only unless `dashboard.admin_token` is set and the visitor gave it (`POST /login`
 //! sets an HttpOnly, SameSite=Strict cookie; API clients may send `Authorization: Bearer`).
@@ -75,6 +76,7 @@ fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/", get(pages::overview::page))
         .route("/fragments/overview", get(pages::overview::fragment))
+        .route("/charts", get(pages::charts::page))
         .route("/jobs", get(pages::jobs::jobs))
         .route("/job", get(pages::job::page))
         .route("/job/retry", post(actions::job_retry))
