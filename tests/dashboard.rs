@@ -1072,7 +1072,7 @@ async fn an_admin_pauses_and_resumes_a_queue_from_the_overview() {
         "/?done=paused&n=1"
     );
     assert_eq!(
-        env.scalar("SELECT count(*) FROM queue_pauses WHERE queue = 'work' AND paused_by = 'dashboard' AND reason = 'INC-7'")
+        env.scalar("SELECT count(*) FROM queue_pauses WHERE queue = 'work' AND paused_by = 'dashboard:admin' AND reason = 'INC-7'")
             .await,
         1
     );
@@ -1086,7 +1086,7 @@ async fn an_admin_pauses_and_resumes_a_queue_from_the_overview() {
         .await
         .unwrap();
     assert!(page.contains("queue paused: nothing new starts"), "{page}");
-    assert!(page.contains("by dashboard: INC-7"), "{page}");
+    assert!(page.contains("by dashboard:admin: INC-7"), "{page}");
     assert!(page.contains("action=\"/queue/resume\""), "{page}");
 
     let resumed = post("/queue/resume", "queue=work", Some(TOKEN))

@@ -86,8 +86,29 @@ pub struct DashboardConfig {
     /// Address to serve it on, e.g. `127.0.0.1:7435` (port 0 picks a free one).
     pub listen: Option<ListenAddr>,
     /// With a token, those who give it may retry and discard jobs; without, the dashboard
-    /// is read-only.
+    /// is read-only. Its actions are recorded as done by `dashboard:admin`.
     pub admin_token: Option<String>,
+    /// More admin tokens, by name (`alice = "…"`): actions are recorded as done by
+    /// `dashboard:<name>` (bulk actions, pauses), so each person or program can have its own.
+    pub admin_tokens: std::collections::BTreeMap<String, String>,
+}
+
+impl DashboardConfig {
+    /// Every admin token with the name its actions are recorded under (`admin_token` is
+    /// `admin`).
+    pub fn named_admin_tokens(&self) -> Vec<(&str, &str)> {
+        let mut all: Vec<(&str, &str)> = self
+            .admin_token
+            .iter()
+            .map(|t| ("admin", t.as_str()))
+            .collect();
+        all.extend(
+            self.admin_tokens
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.as_str())),
+        );
+        all
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -575,20 +596,51 @@ impl Config {
                 ));
             }
         }
-        if matches!(&self.dashboard.admin_token, Some(t) if t.len() < 16) {
-            errs.push(
-                "dashboard.admin_token is shorter than 16 characters; use a long random one \
-                 (e.g. `openssl rand -hex 24`)"
-                    .to_string(),
-            );
-        }
-        if matches!(&self.dashboard.admin_token, Some(t) if !t.chars().all(|c| c.is_ascii_graphic()))
-        {
-            errs.push(
-                "dashboard.admin_token may hold only visible ASCII characters (no spaces); \
-                 e.g. the output of `openssl rand -hex 24`"
-                    .to_string(),
-            );
+        self.check_admin_tokens(errs);
+    }
+
+    /// `dashboard.admin_token` and `dashboard.admin_tokens`: long, visible ASCII, distinct,
+    /// each named in lower case.
+    fn check_admin_tokens(&self, errs: &mut Vec<String>) {
+        let d = &self.dashboard;
+        let mut seen: Vec<&str> = Vec::new();
+        for (name, t) in d.named_admin_tokens() {
+            let key = if d.admin_tokens.contains_key(name) {
+                format!("dashboard.admin_tokens.{name}")
+            } else {
+                "dashboard.admin_token".to_string()
+            };
+            if key != "dashboard.admin_token"
+                && (name.is_empty()
+                    || name.len() > 64
+                    || !name.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
+                    }))
+            {
+                errs.push(format!(
+                    "dashboard.admin_tokens: the name {name:?} is not 1 to 64 lower-case letters, \
+                     digits, '-' or '_' (it is recorded as who acted, e.g. alice or ci-bot)"
+                ));
+            }
+            if t.len() < 16 {
+                errs.push(format!(
+                    "{key} is shorter than 16 characters; use a long random one \
+                     (e.g. `openssl rand -hex 24`)"
+                ));
+            }
+            if !t.chars().all(|c| c.is_ascii_graphic()) {
+                errs.push(format!(
+                    "{key} may hold only visible ASCII characters (no spaces); \
+                     e.g. the output of `openssl rand -hex 24`"
+                ));
+            }
+            if seen.contains(&t) {
+                errs.push(format!(
+                    "{key} is the same token as another admin token: give each its own, \
+                     so that what it did is recorded under its name"
+                ));
+            }
+            seen.push(t);
         }
     }
 
@@ -816,6 +868,7 @@ impl Config {
         for value in [&n.password, &n.token, &self.dashboard.admin_token]
             .into_iter()
             .flatten()
+            .chain(self.dashboard.admin_tokens.values())
         {
             s.add(value);
         }
@@ -838,11 +891,13 @@ impl Config {
             h.redact();
         }
         // Left out (a placeholder would not read back as a valid secret), and said so.
+        let named = !std::mem::take(&mut c.dashboard.admin_tokens).is_empty();
         let hidden: Vec<&str> = [
             (
                 "dashboard.admin_token",
                 c.dashboard.admin_token.take().is_some(),
             ),
+            ("dashboard.admin_tokens", named),
             ("nats.token", c.nats.token.take().is_some()),
             ("nats.password", c.nats.password.take().is_some()),
         ]
@@ -1179,6 +1234,32 @@ mod tests {
         assert!(errs.iter().any(|e| e.contains("visible ASCII")), "{errs:?}");
         let ok = format!("{OK}\n[dashboard]\nlisten = \"127.0.0.1:0\"\n");
         assert!(Config::from_toml(&ok).is_ok());
+        // Named tokens: each long, each its own, each named in lower case.
+        let named = format!(
+            "{OK}\n[dashboard]\nadmin_token = \"0123456789abcdef-main\"\n\
+             [dashboard.admin_tokens]\nalice = \"tiny-2\"\nBob = \"0123456789abcdef-bob\"\n\
+             carol = \"0123456789abcdef-main\"\n"
+        );
+        let errs = Config::from_toml(&named).unwrap_err().0;
+        for says in [
+            "dashboard.admin_tokens.alice is shorter than 16",
+            "the name \"Bob\" is not 1 to 64 lower-case letters",
+            "dashboard.admin_tokens.carol is the same token as another admin token",
+        ] {
+            assert!(errs.iter().any(|e| e.contains(says)), "{says}: {errs:?}");
+        }
+        let good = format!(
+            "{OK}\n[dashboard]\n[dashboard.admin_tokens]\nci-bot = \"0123456789abcdef-ci\"\n"
+        );
+        let c = Config::from_toml(&good).unwrap();
+        assert_eq!(
+            c.dashboard.named_admin_tokens(),
+            [("ci-bot", "0123456789abcdef-ci")]
+        );
+        assert!(!c.to_redacted_toml().contains("0123456789abcdef-ci"));
+        assert!(c
+            .to_redacted_toml()
+            .contains("dashboard.admin_tokens is set"));
     }
 
     #[test]

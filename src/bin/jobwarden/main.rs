@@ -9,6 +9,7 @@
 mod bench;
 mod bench_history;
 mod bench_recovery;
+mod bulk;
 mod demo;
 mod queues;
 mod testkit;
@@ -266,6 +267,10 @@ enum JobsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cancel, retry or discard every job matching a filter: counts first (nothing changes
+    /// without --yes), then acts in batches on at most the jobs counted, recorded in
+    /// bulk_actions with who ran it.
+    Bulk(bulk::BulkArgs),
     /// List jobs, newest first.
     List {
         #[arg(long)]
@@ -610,6 +615,7 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
     match command {
         JobsCommand::Retry { id } => retry_one(store, &id).await,
+        JobsCommand::Bulk(args) => bulk::run(store, args).await,
         JobsCommand::Cancel { id, pipeline: true } => {
             let cancelled = store.pipeline_cancel(&id).await?;
             if cancelled.is_empty() && store.job_get(&id).await?.is_none() {

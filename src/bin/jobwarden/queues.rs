@@ -90,8 +90,8 @@ fn refused(e: jobwarden::store::StoreError) -> anyhow::Error {
     }
 }
 
-/// Who pauses from this command line: `cli:<user>@<host>`.
-fn who() -> String {
+/// Who acts from this command line (a pause, a bulk action): `cli:<user>@<host>`.
+pub fn who() -> String {
     let user = std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())

@@ -57,9 +57,10 @@ pub(super) enum Done {
     Resumed,
     NotPaused,
     NotServed,
+    Bulk,
 }
 
-const DONE: [(Done, &str); 12] = [
+const DONE: [(Done, &str); 13] = [
     (Done::Retried, "retried"),
     (Done::Discarded, "discarded"),
     (Done::NotDead, "not-dead"),
@@ -72,6 +73,7 @@ const DONE: [(Done, &str); 12] = [
     (Done::Resumed, "resumed"),
     (Done::NotPaused, "not-paused"),
     (Done::NotServed, "not-served"),
+    (Done::Bulk, "bulk"),
 ];
 
 impl Done {
@@ -102,6 +104,7 @@ impl Done {
             Done::Paused => "queue paused: nothing new starts on any worker until resumed".into(),
             Done::Resumed => "queue resumed".into(),
             Done::NotPaused => "not resumed: the queue is not paused".into(),
+            Done::Bulk => format!("{n} jobs changed by the bulk action (recorded in bulk_actions)"),
             Done::NotServed => {
                 "not paused: no running worker serves this queue (`jobwarden queues pause \
                  --force` pauses it anyway)"
@@ -277,14 +280,14 @@ pub(super) struct QueueForm {
 }
 
 pub(super) async fn queue_pause(
-    _: Admin,
+    admin: Admin,
     State(shared): State<Arc<Shared>>,
     ActionForm(f): ActionForm<QueueForm>,
 ) -> Response {
     let reason = Some(f.reason.trim()).filter(|r| !r.is_empty());
     match shared
         .store
-        .pause_queue(&f.queue, "dashboard", reason, false)
+        .pause_queue(&f.queue, &admin.who(), reason, false)
         .await
     {
         Ok(_) => {

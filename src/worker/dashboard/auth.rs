@@ -20,39 +20,57 @@ use tracing::warn;
 /// The session cookie's name.
 pub(super) const COOKIE: &str = "jobwarden_admin";
 
-/// The admin token and the session cookie's value made of it (once, at start-up).
+/// The admin tokens, each with its name and the session cookie's value made of it (once, at
+/// start-up).
 #[derive(Clone)]
 pub(super) struct Auth {
-    token: Option<Arc<str>>,
-    session: Option<Arc<str>>,
+    tokens: Arc<[Named]>,
+}
+
+struct Named {
+    name: Arc<str>,
+    token: Box<str>,
+    session: Box<str>,
 }
 
 impl Auth {
-    pub(super) fn new(token: Option<&str>) -> Auth {
+    /// `tokens`: (name, token), as [`crate::config::DashboardConfig::named_admin_tokens`].
+    pub(super) fn new(tokens: &[(&str, &str)]) -> Auth {
         Auth {
-            token: token.map(Arc::from),
-            session: token.map(|t| Arc::from(session(t))),
+            tokens: tokens
+                .iter()
+                .map(|(n, t)| Named {
+                    name: Arc::from(*n),
+                    token: Box::from(*t),
+                    session: session(t).into_boxed_str(),
+                })
+                .collect(),
         }
     }
 
     /// Is a token configured at all (without one the dashboard is read-only)?
     fn configured(&self) -> bool {
-        self.token.is_some()
+        !self.tokens.is_empty()
     }
 
-    /// Did this request bring the token (as a bearer) or the session cookie made of it?
-    fn admits(&self, headers: &HeaderMap) -> bool {
-        let (Some(token), Some(session)) = (&self.token, &self.session) else {
-            return false;
-        };
+    /// The name of the token this request brought (as a bearer) or whose session cookie it
+    /// brought. Every token is compared, matched or not.
+    fn admits(&self, headers: &HeaderMap) -> Option<Arc<str>> {
         let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         let jar = CookieJar::from_headers(headers);
         let cookie = jar.get(COOKIE).map(|c| c.value());
-        bearer.is_some_and(|b| same(b.as_bytes(), token.as_bytes()))
-            || cookie.is_some_and(|c| same(c.as_bytes(), session.as_bytes()))
+        let mut found = None;
+        for t in self.tokens.iter() {
+            let by_bearer = bearer.is_some_and(|b| same(b.as_bytes(), t.token.as_bytes()));
+            let by_cookie = cookie.is_some_and(|c| same(c.as_bytes(), t.session.as_bytes()));
+            if (by_bearer || by_cookie) && found.is_none() {
+                found = Some(t.name.clone());
+            }
+        }
+        found
     }
 }
 
@@ -87,16 +105,23 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Infallible> {
         let auth = Auth::from_ref(state);
         Ok(Viewer {
-            admin: auth.admits(&parts.headers),
+            admin: auth.admits(&parts.headers).is_some(),
             can_log_in: auth.configured(),
         })
     }
 }
 
 /// An admin's request from this dashboard's own pages (or from a program): taken by every
-/// handler that changes something.
+/// handler that changes something. Holds the name of the admin's token.
 #[derive(Debug)]
-pub(super) struct Admin;
+pub(super) struct Admin(pub Arc<str>);
+
+impl Admin {
+    /// Who acted, as recorded: `dashboard:<token name>`.
+    pub(super) fn who(&self) -> String {
+        format!("dashboard:{}", self.0)
+    }
+}
 
 /// Why an action was refused (`403`, saying why).
 #[derive(Debug, PartialEq)]
@@ -129,18 +154,18 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Refused> {
         let auth = Auth::from_ref(state);
-        if !auth.admits(&parts.headers) {
+        let Some(name) = auth.admits(&parts.headers) else {
             return Err(if auth.configured() {
                 Refused::NotLoggedIn
             } else {
                 Refused::ReadOnly
             });
-        }
+        };
         if let Some(why) = cross_site(&parts.headers) {
             warn!(%why, "dashboard: an action from another site was refused");
             return Err(Refused::CrossSite(why));
         }
-        Ok(Admin)
+        Ok(Admin(name))
     }
 }
 
@@ -167,12 +192,18 @@ pub(super) async fn login(
     jar: CookieJar,
     ActionForm(form): ActionForm<Login>,
 ) -> Response {
-    match (&auth.token, &auth.session) {
-        (Some(t), Some(s)) if same(form.token.as_bytes(), t.as_bytes()) => {
-            let jar = jar.add(session_cookie(s.to_string()));
+    let mut found = None;
+    for t in auth.tokens.iter() {
+        if same(form.token.as_bytes(), t.token.as_bytes()) && found.is_none() {
+            found = Some(t);
+        }
+    }
+    match found {
+        Some(t) => {
+            let jar = jar.add(session_cookie(t.session.to_string()));
             (jar, Redirect::to("/")).into_response()
         }
-        _ => {
+        None => {
             warn!("dashboard: a login with a wrong admin token");
             back("/", Done::WrongToken, 0)
         }
@@ -208,8 +239,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn each_named_token_admits_under_its_own_name() {
+        const OTHER: &str = "fedcba9876543210-other";
+        let auth = Auth::new(&[("admin", TOKEN), ("alice", OTHER)]);
+        let name = |h: &'static str| {
+            let auth = auth.clone();
+            async move {
+                Admin::from_request_parts(&mut parts(&[("authorization", h)]), &auth)
+                    .await
+                    .map(|a| a.who())
+            }
+        };
+        assert_eq!(
+            name("Bearer fedcba9876543210-other").await.unwrap(),
+            "dashboard:alice"
+        );
+        assert_eq!(
+            name("Bearer 0123456789abcdef-token").await.unwrap(),
+            "dashboard:admin"
+        );
+        let cookie = format!("{COOKIE}={}", session(OTHER));
+        let a = Admin::from_request_parts(&mut parts(&[("cookie", &cookie)]), &auth)
+            .await
+            .unwrap();
+        assert_eq!(a.who(), "dashboard:alice");
+        assert_eq!(
+            name("Bearer fedcba9876543210-othe").await.unwrap_err(),
+            Refused::NotLoggedIn
+        );
+    }
+
+    #[tokio::test]
     async fn without_a_token_every_action_is_refused_as_read_only() {
-        let auth = Auth::new(None);
+        let auth = Auth::new(&[]);
         let bearer = format!("Bearer {TOKEN}");
         assert_eq!(admin(&auth, &[]).await, Err(Refused::ReadOnly));
         assert_eq!(
@@ -222,7 +284,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_admin_is_one_who_gave_the_token_or_its_session() {
-        let auth = Auth::new(Some(TOKEN));
+        let auth = Auth::new(&[("admin", TOKEN)]);
         let bearer = format!("Bearer {TOKEN}");
         let cookie = format!("other=1; {COOKIE}={}", session(TOKEN));
         assert_eq!(admin(&auth, &[("authorization", &bearer)]).await, Ok(()));
@@ -244,7 +306,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_admins_request_from_another_site_is_refused() {
-        let auth = Auth::new(Some(TOKEN));
+        let auth = Auth::new(&[("admin", TOKEN)]);
         let bearer = format!("Bearer {TOKEN}");
         for (origin, refused) in [
             ("http://127.0.0.1:7433", false),
@@ -281,7 +343,7 @@ mod tests {
                 .await
                 .unwrap()
         };
-        let guest = view(Auth::new(Some(TOKEN)), &[]).await;
+        let guest = view(Auth::new(&[("admin", TOKEN)]), &[]).await;
         assert_eq!(
             guest,
             Viewer {
@@ -289,7 +351,7 @@ mod tests {
                 can_log_in: true
             }
         );
-        let off = view(Auth::new(None), &[]).await;
+        let off = view(Auth::new(&[]), &[]).await;
         assert_eq!(
             off,
             Viewer {

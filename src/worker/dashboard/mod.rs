@@ -10,6 +10,8 @@
 //!   its payload, every attempt, progress, owner and heartbeat, and what it waits for;
 //! - `/dead` the dead-letter queue, with retry and discard, one, several or a whole queue;
 //! - `/workers`, `/scheduled` (scheduled jobs and cron schedules with their next fires);
+//! - `/jobs/bulk` (admin) cancel, retry or discard every job the `/jobs` filter matches,
+//!   after a count, recorded with the admin token's name;
 //! - `/charts` per queue the last hour or day as small SVG charts (completed, failed, wait).
 //!
 //! Read-only unless `dashboard.admin_token` is set and the visitor gave it (`POST /login`
@@ -29,6 +31,7 @@
 
 mod actions;
 mod auth;
+mod bulk;
 mod layout;
 mod pages;
 
@@ -72,12 +75,13 @@ pub(crate) async fn serve(
 
 /// Every route of the dashboard.
 fn router(shared: Arc<Shared>) -> Router {
-    let auth = auth::Auth::new(shared.config.dashboard.admin_token.as_deref());
+    let auth = auth::Auth::new(&shared.config.dashboard.named_admin_tokens());
     Router::new()
         .route("/", get(pages::overview::page))
         .route("/fragments/overview", get(pages::overview::fragment))
         .route("/charts", get(pages::charts::page))
         .route("/jobs", get(pages::jobs::jobs))
+        .route("/jobs/bulk", post(bulk::bulk))
         .route("/job", get(pages::job::page))
         .route("/job/retry", post(actions::job_retry))
         .route("/job/cancel", post(actions::job_cancel))

@@ -86,6 +86,9 @@ pub(crate) async fn jobs(
             input name="q" placeholder="text in id or error" value=(f.text.as_deref().unwrap_or("")) aria-label="text";
             button { "Filter" }
         }
+        @if viewer.admin {
+            (super::super::bulk::form(f.queue.as_deref(), f.status.as_deref(), f.text.as_deref()))
+        }
         (job_table(&rows, false))
         (next_link("/jobs", &f, &rows))
     };
