@@ -251,6 +251,11 @@ pub struct QueueConfig {
     /// Overrides worker.stale_after for this queue's jobs.
     #[serde(with = "humantime_serde", default)]
     pub stale_after: Option<Duration>,
+    /// A job of this queue that carries no expiry of its own (`expires_at_ms`,
+    /// `expires_in`) and is not started this long after it is enqueued never runs: it ends
+    /// `cancelled` as expired. None by default.
+    #[serde(with = "humantime_serde", default)]
+    pub expire_after: Option<Duration>,
     /// Priorities are strict by default (0 = none); with N, every Nth pull serves the
     /// lower-priority lanes that have work, in turn, so they never starve.
     pub fair_every: u32,
@@ -329,6 +334,7 @@ impl Default for QueueConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             stale_after: None,
+            expire_after: None,
             fair_every: 0,
             global_concurrency: None,
             rate_limit: None,
@@ -923,6 +929,9 @@ impl Config {
             all.push((format!("queues.{name}.backoff.max"), q.backoff.max));
             if let Some(s) = q.stale_after {
                 all.push((format!("queues.{name}.stale_after"), s));
+            }
+            if let Some(e) = q.expire_after {
+                all.push((format!("queues.{name}.expire_after"), e));
             }
         }
         all

@@ -85,9 +85,11 @@ impl Store {
         job: &NewJob,
         max_attempts: i32,
         delay: Duration,
+        expires_in: Option<Duration>,
     ) -> Result<Enqueued> {
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_INSERT).await?;
+        let expires_in = expires_in.map(ms);
         let (timeout_ms, backoff) = (job.timeout_ms(), job.backoff_json());
         let row = client
             .query_opt(
@@ -102,6 +104,8 @@ impl Store {
                     &job.idempotency_key,
                     &ms(delay),
                     &backoff,
+                    &job.expires_at_ms,
+                    &expires_in,
                 ],
             )
             .await?;

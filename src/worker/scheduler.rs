@@ -27,6 +27,10 @@ use tracing::{debug, info, warn};
 
 /// Most due jobs published in one round.
 const ROUND_LIMIT: i64 = 500;
+/// Most expired jobs ended in one round (a full round is followed by another at once).
+const EXPIRE_LIMIT: i64 = 500;
+/// Most expiry rounds per tick (a backlog of expired jobs drains over a few ticks).
+const EXPIRE_ROUNDS: usize = 8;
 /// Most ended jobs whose dependents one chain round resolves, and most rounds per tick (a
 /// dead parent's descendants die one generation per round).
 const CHAIN_LIMIT: i64 = 500;
@@ -100,6 +104,11 @@ impl Scheduler {
                     ),
                     Err(e) => debug!(cause = %e, "chain recheck failed"),
                 }
+            }
+            // Expired jobs end before the due ones are published: a due retry past its expiry
+            // is ended, not published. (Failures back off with the publishing below.)
+            if let Err(e) = self.expire_due().await {
+                debug!(cause = %e, "expiry round failed");
             }
             // Keep going while full rounds come back: a backlog drains without waiting ticks.
             wait = loop {
@@ -212,6 +221,24 @@ impl Scheduler {
             warn!(job.id = %id, %queue, reason = %reason, "job dead-lettered: a job it depends on is dead");
             self.shared.announce_dead(queue, id, Some(reason));
         }
+    }
+
+    /// Ends the queued and scheduled jobs whose expiry has passed, in bounded rounds; returns
+    /// how many it ended.
+    pub async fn expire_due(&self) -> Result<usize, crate::store::StoreError> {
+        let mut total = 0;
+        for _ in 0..EXPIRE_ROUNDS {
+            let ended = self.shared.store.job_expire_due(EXPIRE_LIMIT).await?;
+            total += ended.len();
+            for (id, queue) in &ended {
+                info!(job.id = %id, %queue, "job expired before it started: ended cancelled");
+                self.shared.metrics.expired(queue).inc();
+            }
+            if (ended.len() as i64) < EXPIRE_LIMIT {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     /// Publishes one round of due jobs; returns what became of them.

@@ -2,6 +2,7 @@
 //! its answer taken in here: jobs dispatched, the rest acked, kept, recorded or handed back.
 
 use super::*;
+use tracing::info;
 
 /// What became of one message of a claim group.
 pub(super) enum Answer {
@@ -91,9 +92,10 @@ impl Producer {
             sent: Instant::now(),
         };
         let stale = self.policy.stale_after;
+        let expire = self.policy.expire_after;
         self.pending.push(
             async move {
-                let answer = claim(&shared, stale, &group.inputs, &group.known).await;
+                let answer = claim(&shared, (stale, expire), &group.inputs, &group.known).await;
                 ClaimDone { group, answer }
             }
             .boxed(),
@@ -291,6 +293,11 @@ impl Producer {
             }
             Claim::NotClaimable { status, .. } => {
                 debug!(job.id = %id, %status, "message for a job that is not claimable; acked and dropped");
+                fates.dropped.push(d);
+            }
+            Claim::Expired => {
+                info!(job.id = %id, queue = %self.policy.name, "job expired before it started: ended cancelled, message acked");
+                self.policy.metrics.expired.inc();
                 fates.dropped.push(d);
             }
             Claim::Duplicate => fates.dropped.push(d),
