@@ -318,7 +318,10 @@ mod tests {
                 .join(" ")
         };
         let get = columns(crate::store::sql::JOB_GET);
-        assert!(get.ends_with("pipeline"), "{get}");
+        assert!(
+            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"),
+            "{get}"
+        );
         assert_eq!(columns(crate::store::sql::JOB_LIST), get);
         assert_eq!(columns(crate::store::sql::DEAD_LIST), get);
     }
