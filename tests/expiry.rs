@@ -465,3 +465,81 @@ async fn the_cli_enqueues_with_an_expiry_and_jobs_show_says_when() {
     let shown = text(&env.cli(&["jobs", "show", "cli-1"]));
     assert!(shown.contains("expires"), "{shown}");
 }
+
+/// A cron schedule's `expires_in` is resolved per fire: each fire's job expires that long
+/// after the fire's own time. A missed fire run late (run_once, after a downtime) is past
+/// its expiry already and ends expired without running; fires on time carry their expiry.
+/// A bad `expires_in` is refused when the configuration loads, naming the setting.
+#[tokio::test]
+async fn a_cron_fire_expires_its_expires_in_after_its_own_time() {
+    let env = TestEnv::new(EMAIL).await;
+    let cfg = jobwarden::cron::CronConfig {
+        schedule: "* * * * * *".parse().unwrap(),
+        timezone: Default::default(),
+        queue: "email".into(),
+        payload: serde_json::json!({}),
+        priority: Default::default(),
+        missed: jobwarden::cron::Missed::RunOnce,
+        expires_in: Some(Duration::from_secs(10)),
+    };
+    let schedule = jobwarden::cron::Schedule::new("tick", &cfg).unwrap();
+    env.store.cron_tick(&schedule).await.unwrap();
+    env.store
+        .raw()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE cron_state SET last_fire_at = now() - interval '1 hour' WHERE name = 'tick'",
+            &[],
+        )
+        .await
+        .unwrap();
+    env.store.cron_tick(&schedule).await.unwrap();
+    let fires = env
+        .scalar("SELECT count(*) FROM jobs WHERE id LIKE 'cron:tick:%'")
+        .await;
+    assert!(fires >= 2, "{fires} fires");
+    // Every fire expires 10 s after its own time (the time its id names, in whole seconds).
+    let fire_at = "to_timestamp(split_part(id, ':', 3) || ':' || split_part(id, ':', 4) || ':' \
+                   || split_part(id, ':', 5), 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')";
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM jobs WHERE id LIKE 'cron:tick:%' \
+             AND NOT (expires_at - {fire_at} >= interval '10 seconds' \
+                      AND expires_at - {fire_at} < interval '11 seconds')"
+        ))
+        .await,
+        0
+    );
+    let (work, seen) = recording();
+    let w = env.worker(&[("work", work)]).await;
+    // The missed fire (over 30 s old) is past its 10 s: it ends expired, never run.
+    let missed: String = env
+        .store
+        .raw()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT id FROM jobs WHERE id LIKE 'cron:tick:%' \
+             AND expires_at < now() - interval '15 seconds' ORDER BY id LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(env.wait_status(&missed, "cancelled", 10).await);
+    assert_expired(&env, &missed).await;
+    assert!(!seen.lock().unwrap().contains(&missed));
+    w.shutdown().await;
+
+    let bad = jobwarden::config::Config::from_toml(&format!(
+        "{EMAIL}[cron.t]\nschedule = \"* * * * *\"\nqueue = \"email\"\nexpires_in = \"11y\"\n"
+    ))
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("cron.t.expires_in") && bad.contains("the longest delay"),
+        "{bad}"
+    );
+}
