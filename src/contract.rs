@@ -30,7 +30,8 @@
 //!
 //! Which fields a door takes is its [`Door`]: a message carries no `queue` (its subject
 //! names it) and no `depends_on` (a job that waits must be stored before anything runs it);
-//! a `then` spec needs a `queue` and takes `delay_ms` instead of `run_at_ms`.
+//! a `then` spec needs a `queue` and takes `delay_ms` instead of `run_at_ms` (and
+//! `expires_in`, counted from its creation, but no `expires_at_ms`).
 //!
 //! **Every accepted value is computable**: no delay, backoff or time the contract accepts can
 //! overflow a `Duration`, an `Instant`, a PostgreSQL `interval` or `timestamptz` anywhere
@@ -306,6 +307,7 @@ impl Door {
                 "idempotency_key",
                 "backoff",
                 "then",
+                "expires_in",
             ],
             Door::Enqueue => ENQUEUE_FIELDS,
         }
@@ -1219,7 +1221,8 @@ pub fn json_schema() -> Value {
             "delay_ms": whole(0, MAX_DELAY_MS, "Wait this long after the parent completed."),
             "idempotency_key": {"$ref": "#/$defs/key"},
             "backoff": {"$ref": "#/$defs/backoff"},
-            "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}}
+            "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}},
+            "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after it is created (when its parent completed), it never runs: it ends `cancelled` as expired. Above zero."}
         }
     });
     let fields: Vec<&str> = Door::Message.fields().to_vec();

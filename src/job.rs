@@ -343,6 +343,10 @@ pub struct Then {
     pub backoff: Option<crate::backoff::Backoff>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub then: Vec<Then>,
+    /// Not started this long after it is created (when its parent completed), it never
+    /// runs, e.g. "1h" (the contract's duration text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in: Option<String>,
 }
 
 impl Then {

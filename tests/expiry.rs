@@ -543,3 +543,45 @@ async fn a_cron_fire_expires_its_expires_in_after_its_own_time() {
         "{bad}"
     );
 }
+
+/// A `then` job's `expires_in` counts from its creation (when its parent completed): a
+/// chained job delayed past it ends expired, never run. A `then` spec takes no instant
+/// (`expires_at_ms`): refused, naming the field, nothing enqueued.
+#[tokio::test]
+async fn a_then_jobs_expiry_counts_from_its_creation() {
+    let env = TestEnv::new(EMAIL).await;
+    let (work, seen) = recording();
+    let w = env.worker(&[("work", work)]).await;
+    let c = env.store.raw().await.unwrap();
+    c.execute(
+        "SELECT enqueue('email', '{}', id => 'parent', then_jobs => \
+         '[{\"queue\":\"email\",\"payload\":{},\"id\":\"child\",\"delay_ms\":3600000,\"expires_in\":\"1s\"}]')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(env.wait_status("parent", "completed", 10).await);
+    assert!(env.wait_status("child", "cancelled", 10).await);
+    assert_expired(&env, "child").await;
+    assert_eq!(
+        env.scalar(
+            "SELECT round(extract(epoch FROM c.expires_at - p.completed_at))::int8 \
+             FROM jobs c, jobs p WHERE c.id = 'child' AND p.id = 'parent'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(*seen.lock().unwrap(), vec!["parent".to_string()]);
+    let e = c
+        .execute(
+            "SELECT enqueue('email', '{}', id => 'p2', then_jobs => \
+             '[{\"queue\":\"email\",\"payload\":{},\"expires_at_ms\":1}]')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    let msg = e.as_db_error().unwrap().message().to_string();
+    assert!(msg.contains("`then[1].expires_at_ms`"), "{msg}");
+    assert_eq!(env.status_of("p2").await, None);
+    w.shutdown().await;
+}

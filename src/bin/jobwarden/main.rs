@@ -86,7 +86,7 @@ enum Command {
         depends_on: Vec<String>,
         /// Jobs to create when this one completes, as JSON: '[{"queue":"pdf","payload":{…},
         /// "then":[…]}]' (fields: queue, payload, id, priority, max_attempts, timeout_ms,
-        /// delay_ms, idempotency_key, backoff, then).
+        /// delay_ms, idempotency_key, backoff, then, expires_in).
         #[arg(long, value_name = "JSON")]
         then: Option<String>,
         /// Not started by this instant (RFC 3339, e.g. 2026-11-27T03:00:00Z), the job never
