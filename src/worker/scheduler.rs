@@ -31,6 +31,9 @@ const ROUND_LIMIT: i64 = 500;
 const EXPIRE_LIMIT: i64 = 500;
 /// Most expiry rounds per tick (a backlog of expired jobs drains over a few ticks).
 const EXPIRE_ROUNDS: usize = 8;
+/// How often the expiry rounds run (not every tick: a job past its expiry whose message
+/// arrives meanwhile is ended by its claim anyway).
+const EXPIRE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most ended jobs whose dependents one chain round resolves, and most rounds per tick (a
 /// dead parent's descendants die one generation per round).
 const CHAIN_LIMIT: i64 = 500;
@@ -60,6 +63,7 @@ impl Scheduler {
         let mut listen_tried: Option<std::time::Instant> = None;
         let mut rechecked = std::time::Instant::now();
         let mut pauses_read: Option<std::time::Instant> = None;
+        let mut expired_at: Option<std::time::Instant> = None;
         loop {
             if pauses_read.is_none_or(|t| t.elapsed() >= PAUSES_EVERY) {
                 pauses_read = Some(std::time::Instant::now());
@@ -107,8 +111,11 @@ impl Scheduler {
             }
             // Expired jobs end before the due ones are published: a due retry past its expiry
             // is ended, not published. (Failures back off with the publishing below.)
-            if let Err(e) = self.expire_due().await {
-                debug!(cause = %e, "expiry round failed");
+            if expired_at.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
+                expired_at = Some(std::time::Instant::now());
+                if let Err(e) = self.expire_due().await {
+                    debug!(cause = %e, "expiry round failed");
+                }
             }
             // Keep going while full rounds come back: a backlog drains without waiting ticks.
             wait = loop {
