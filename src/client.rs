@@ -140,10 +140,11 @@ impl Client {
         // An instant before 1970 is a negative number, which the contract refuses by name.
         put(
             "expires_at_ms",
-            opts.expires_at.map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
-                Ok(d) => ms(d),
-                Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
-            }),
+            opts.expires_at
+                .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
+                    Ok(d) => ms(d),
+                    Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
+                }),
         );
         put(
             "expires_in",

@@ -981,10 +981,7 @@ fn check_at(
 /// the job ends expired at once, never runs, and says so (a producer's clock a little ahead,
 /// or a retried publish, must not turn into an error the producer cannot act on).
 /// Returns (expires_at_ms, expires_in in ms).
-fn check_expiry(
-    obj: &Map<String, Value>,
-    at: &str,
-) -> Result<(Option<i64>, Option<i64>), Refused> {
+fn check_expiry(obj: &Map<String, Value>, at: &str) -> Result<(Option<i64>, Option<i64>), Refused> {
     let expires_at_ms = whole_in(obj, at, "expires_at_ms", 0, MAX_RUN_AT_MS)?;
     let path = join(at, "expires_in");
     let expires_in_ms = match obj.get("expires_in") {

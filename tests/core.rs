@@ -770,7 +770,11 @@ async fn every_statement_prepares_against_the_migrated_schema_and_migrate_is_ide
         .unwrap()
         .filter_map(|e| {
             let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_prefix('V')?.split("__").next()?.parse::<i64>().ok()
+            name.strip_prefix('V')?
+                .split("__")
+                .next()?
+                .parse::<i64>()
+                .ok()
         })
         .max()
         .unwrap();

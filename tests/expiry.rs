@@ -11,7 +11,8 @@ use jobwarden::handler::{from_fn, Handler, JobError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const EMAIL: &str = "[queues.email]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"work\" }\n";
+const EMAIL: &str =
+    "[queues.email]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"work\" }\n";
 
 /// A handler that records every job id it is given, and fails the jobs named `fail-*`
 /// (retryable).
@@ -44,7 +45,11 @@ async fn last_error(env: &TestEnv, id: &str) -> Option<String> {
 
 /// Asserts job `id` ended expired: cancelled, the reason, never started.
 async fn assert_expired(env: &TestEnv, id: &str) {
-    assert_eq!(env.status_of(id).await.as_deref(), Some("cancelled"), "{id}");
+    assert_eq!(
+        env.status_of(id).await.as_deref(),
+        Some("cancelled"),
+        "{id}"
+    );
     let reason = last_error(env, id).await.unwrap_or_default();
     assert!(
         reason.starts_with("expired: not started by 20"),
@@ -86,8 +91,11 @@ async fn a_message_that_expires_while_it_waits_never_starts_and_its_batch_runs()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis();
-    env.publish_raw("email", r#"{"id":"late-in","payload":{},"expires_in":"1s"}"#)
-        .await;
+    env.publish_raw(
+        "email",
+        r#"{"id":"late-in","payload":{},"expires_in":"1s"}"#,
+    )
+    .await;
     env.publish_raw(
         "email",
         format!(r#"{{"id":"late-at","payload":{{}},"expires_at_ms":{past_ms}}}"#),
@@ -251,8 +259,11 @@ async fn a_retry_past_the_expiry_ends_expired_and_a_running_job_finishes() {
     let w = env.worker(&[("work", work)]).await;
     env.publish_raw("email", r#"{"id":"fail-1","payload":{},"expires_in":"2s"}"#)
         .await;
-    env.publish_raw("email", r#"{"id":"slow-1","payload":{},"expires_in":"500ms"}"#)
-        .await;
+    env.publish_raw(
+        "email",
+        r#"{"id":"slow-1","payload":{},"expires_in":"500ms"}"#,
+    )
+    .await;
     assert!(env.wait_status("slow-1", "completed", 10).await);
     assert!(env.wait_status("fail-1", "cancelled", 10).await);
     let reason = last_error(&env, "fail-1").await.unwrap_or_default();
@@ -289,8 +300,11 @@ async fn a_queues_expire_after_applies_to_jobs_without_their_own() {
         .unwrap();
     env.publish_raw("email", r#"{"id":"msg-default","payload":{}}"#)
         .await;
-    env.publish_raw("email", r#"{"id":"msg-own","payload":{},"expires_in":"1h"}"#)
-        .await;
+    env.publish_raw(
+        "email",
+        r#"{"id":"msg-own","payload":{},"expires_in":"1h"}"#,
+    )
+    .await;
     env.store
         .raw()
         .await

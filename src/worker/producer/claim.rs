@@ -195,6 +195,13 @@ impl Producer {
         d.own_id(&self.policy.name, self.shared.broker.stream_name())
     }
 
+    /// A message whose job the claim ended as expired: counted, and acked with the rest.
+    fn expired(&self, id: &str, d: Delivered) -> Delivered {
+        info!(job.id = %id, queue = %self.policy.name, "job expired before it started: ended cancelled, message acked");
+        self.policy.metrics.expired.inc();
+        d
+    }
+
     /// What one message's claim says: run its job (or give it back when this worker stops
     /// or fenced itself off), keep a message that reused a taken id, drop the rest.
     async fn take_claim(
@@ -295,11 +302,7 @@ impl Producer {
                 debug!(job.id = %id, %status, "message for a job that is not claimable; acked and dropped");
                 fates.dropped.push(d);
             }
-            Claim::Expired => {
-                info!(job.id = %id, queue = %self.policy.name, "job expired before it started: ended cancelled, message acked");
-                self.policy.metrics.expired.inc();
-                fates.dropped.push(d);
-            }
+            Claim::Expired => fates.dropped.push(self.expired(&id, d)),
             Claim::Duplicate => fates.dropped.push(d),
             Claim::WrongQueue(other) => fates.rejected.push(Rejected {
                 id: self.own_id(&d),

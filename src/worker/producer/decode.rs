@@ -56,9 +56,10 @@ impl Producer {
                     // The queue's default expiry, for a message that carries none: counted
                     // from when the stream stored it (the time it was enqueued).
                     if job.expires_at_ms.is_none() {
-                        job.expires_at_ms = self.policy.expire_after.map(|e| {
-                            job::stored_ms(&origin).saturating_add(e.as_millis() as i64)
-                        });
+                        job.expires_at_ms = self
+                            .policy
+                            .expire_after
+                            .map(|e| job::stored_ms(&origin).saturating_add(e.as_millis() as i64));
                     }
                     // The subject a message came by is its priority: the lane it is delivered
                     // in. An envelope naming another one could not be honoured (JetStream has
