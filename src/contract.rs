@@ -1642,4 +1642,22 @@ mod tests {
     fn an_unknown_placeholder_is_named_in_full() {
         render_sql("SELECT {{MAX_ID_BYTES}}, {{MAX_NOTHING}} + 1");
     }
+
+    /// An applied migration must render the same text again (refinery refuses a database
+    /// whose applied migration changed): version 14 keeps the field lists it had before
+    /// expiry (version 18) added two.
+    #[test]
+    fn version_14_renders_the_field_lists_it_was_applied_with() {
+        let v14 = render_sql(include_str!("../migrations/V14__one_contract.sql"));
+        for list in [
+            "ARRAY['id', 'payload', 'priority', 'max_attempts', 'timeout_ms', 'idempotency_key', 'run_at_ms', 'backoff', 'then', 'depends_on']",
+            "ARRAY['queue', 'payload', 'id', 'priority', 'max_attempts', 'timeout_ms', 'delay_ms', 'idempotency_key', 'backoff', 'then']",
+            "ARRAY['id', 'queue', 'payload', 'priority', 'max_attempts', 'timeout_ms', 'idempotency_key', 'run_at_ms', 'delay_ms', 'backoff', 'then', 'depends_on']",
+        ] {
+            assert!(v14.contains(list), "{list}");
+        }
+        assert!(!v14.contains("expires"));
+        let v18 = render_sql(include_str!("../migrations/V18__job_expiry.sql"));
+        assert!(v18.contains("'depends_on', 'expires_at_ms', 'expires_in']"));
+    }
 }

@@ -742,6 +742,13 @@ impl Config {
                 fmt_dur(q.timeout)
             ));
         }
+        if q.expire_after.is_some_and(|e| e < Duration::from_millis(1)) {
+            errs.push(format!(
+                "queues.{name}.expire_after ({}) must be at least 1ms (every job of the queue \
+                 would expire at once), e.g. \"1h\"; leave it out for no expiry",
+                fmt_dur(q.expire_after.unwrap_or_default())
+            ));
+        }
         if let Err(e) = q.backoff.validate() {
             errs.push(format!("queues.{name}.backoff: {e}"));
         }
@@ -1035,6 +1042,23 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("worker.sweep_every"), "{err}");
+        // A queue's expire_after of zero would expire every job at once; ten years and more
+        // is too long, like every duration.
+        let text = OK.replace(
+            "max_attempts = 3",
+            "max_attempts = 3\nexpire_after = \"0s\"",
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("queues.email.expire_after (0s) must be at least 1ms"),
+            "{err}"
+        );
+        let text = OK.replace(
+            "max_attempts = 3",
+            "max_attempts = 3\nexpire_after = \"11y\"",
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(err.contains("queues.email.expire_after"), "{err}");
     }
 
     #[test]
