@@ -321,9 +321,9 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    fields text[] := CASE door WHEN 'message' THEN ARRAY[{{MESSAGE_FIELDS}}]
-                               WHEN 'then' THEN ARRAY[{{THEN_FIELDS}}]
-                               ELSE ARRAY[{{ENQUEUE_FIELDS}}] END;
+    fields text[] := CASE door WHEN 'message' THEN ARRAY[{{V14_MESSAGE_FIELDS}}]
+                               WHEN 'then' THEN ARRAY[{{V14_THEN_FIELDS}}]
+                               ELSE ARRAY[{{V14_ENQUEUE_FIELDS}}] END;
     k text;
     s jsonb;
     i integer;

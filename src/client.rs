@@ -48,6 +48,12 @@ pub struct EnqueueOptions {
     pub depends_on: Vec<String>,
     /// Jobs created when this one completes (each may have its own `then`).
     pub then: Vec<Then>,
+    /// Not started by this instant, the job never runs: it ends `cancelled`, last_error
+    /// `expired: not started by <instant>`. Not with `expires_in`.
+    pub expires_at: Option<std::time::SystemTime>,
+    /// Not started this long after it is enqueued (database time), the job never runs.
+    /// Not with `expires_at`.
+    pub expires_in: Option<Duration>,
 }
 
 /// The `then` of an enqueue and its check are part of the job's wire format: they live
@@ -131,6 +137,20 @@ impl Client {
         if !opts.depends_on.is_empty() {
             put("depends_on", Some(Value::from(opts.depends_on.clone())));
         }
+        // An instant before 1970 is a negative number, which the contract refuses by name.
+        put(
+            "expires_at_ms",
+            opts.expires_at
+                .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
+                    Ok(d) => ms(d),
+                    Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
+                }),
+        );
+        put(
+            "expires_in",
+            opts.expires_in
+                .map(|d| Value::from(format!("{}ns", d.as_nanos()))),
+        );
         let checked = crate::contract::check_spec(
             &spec,
             crate::contract::Door::Enqueue,
@@ -151,6 +171,7 @@ impl Client {
             run_at_ms: None,
             backoff: checked.backoff,
             then: None,
+            expires_at_ms: checked.expires_at_ms,
         };
         // The message the job will travel in (now, or when the scheduler publishes it) must
         // fit the server: say so now rather than store a job that can never be published.
@@ -202,6 +223,8 @@ impl Client {
             .then(|| serde_json::to_value(&opts.then))
             .transpose()
             .map_err(|e| ClientError::Invalid(format!("then: {e}")))?;
+        let expires_at_ms = new.expires_at_ms;
+        let expires_in = opts.expires_in.map(|d| format!("{}ns", d.as_nanos()));
         let row = tx
             .query_one(
                 &sql,
@@ -217,6 +240,8 @@ impl Client {
                     &backoff,
                     &depends_on,
                     &then,
+                    &expires_at_ms,
+                    &expires_in,
                 ],
             )
             .await
@@ -273,7 +298,10 @@ impl Client {
         }
         let (new, envelope, max_attempts) = self.prepare(queue, payload, &opts)?;
         let delay = opts.delay.unwrap_or_default();
-        let enq = self.store.job_insert(&new, max_attempts, delay).await?;
+        let enq = self
+            .store
+            .job_insert(&new, max_attempts, delay, opts.expires_in)
+            .await?;
         if !enq.same_payload {
             let taken = match &new.idempotency_key {
                 Some(key) if enq.id != new.id => {

@@ -22,13 +22,16 @@
 //! | `idempotency_key` | string | 1 to [`MAX_KEY_BYTES`] bytes, none of [`KEY_FORBIDDEN`] |
 //! | `run_at_ms` | whole number | 0 to [`MAX_RUN_AT_MS`] (Unix ms, up to the end of 9999) |
 //! | `delay_ms` | whole number | 0 to [`MAX_DELAY_MS`] |
+//! | `expires_at_ms` | whole number | 0 to [`MAX_RUN_AT_MS`] (Unix ms): not started by then, it never runs |
+//! | `expires_in` | duration text | above zero, up to [`MAX_DELAY_MS`], from when it is enqueued |
 //! | `backoff` | object | `kind`, `base`, `max`, `jitter`; durations up to [`MAX_DELAY_MS`] |
 //! | `then` | array of specs | at most [`MAX_THEN_JOBS`] in all, [`MAX_THEN_DEPTH`] deep |
 //! | `depends_on` | array of ids | at most [`MAX_DEPENDS_ON`] |
 //!
 //! Which fields a door takes is its [`Door`]: a message carries no `queue` (its subject
 //! names it) and no `depends_on` (a job that waits must be stored before anything runs it);
-//! a `then` spec needs a `queue` and takes `delay_ms` instead of `run_at_ms`.
+//! a `then` spec needs a `queue` and takes `delay_ms` instead of `run_at_ms` (and
+//! `expires_in`, counted from its creation, but no `expires_at_ms`).
 //!
 //! **Every accepted value is computable**: no delay, backoff or time the contract accepts can
 //! overflow a `Duration`, an `Instant`, a PostgreSQL `interval` or `timestamptz` anywhere
@@ -257,7 +260,12 @@ pub const ENQUEUE_FIELDS: &[&str] = &[
     "backoff",
     "then",
     "depends_on",
+    "expires_at_ms",
+    "expires_in",
 ];
+
+/// The fields version 18 of the schema added (expiry); version 14's rendering leaves them out.
+const EXPIRY_FIELDS: &[&str] = &["expires_at_ms", "expires_in"];
 
 /// Where a spec comes in: which fields it may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,6 +293,8 @@ impl Door {
                 "backoff",
                 "then",
                 "depends_on",
+                "expires_at_ms",
+                "expires_in",
             ],
             Door::Then => &[
                 "queue",
@@ -297,6 +307,7 @@ impl Door {
                 "idempotency_key",
                 "backoff",
                 "then",
+                "expires_in",
             ],
             Door::Enqueue => ENQUEUE_FIELDS,
         }
@@ -730,6 +741,10 @@ pub struct Spec {
     /// The `then` specs, checked, as given.
     pub then: Option<Value>,
     pub depends_on: Vec<String>,
+    /// Not started by this instant (Unix ms), the job never runs: it ends `cancelled`.
+    pub expires_at_ms: Option<i64>,
+    /// Not started this long after it is enqueued (ms), the job never runs.
+    pub expires_in_ms: Option<i64>,
 }
 
 impl Spec {
@@ -763,6 +778,11 @@ impl Spec {
         if !self.depends_on.is_empty() {
             put("depends_on", Some(Value::from(self.depends_on.clone())));
         }
+        put("expires_at_ms", self.expires_at_ms.map(Value::from));
+        put(
+            "expires_in",
+            self.expires_in_ms.map(|ms| Value::from(format!("{ms}ms"))),
+        );
         Value::Object(m)
     }
 }
@@ -936,6 +956,7 @@ fn check_at(
             Some(Value::Array(kids))
         }
     };
+    let (expires_at_ms, expires_in_ms) = check_expiry(obj, at)?;
     let narrow = |v: Option<i64>| v.map(|v| v as i32);
     Ok(Spec {
         id,
@@ -950,7 +971,55 @@ fn check_at(
         backoff,
         then,
         depends_on,
+        expires_at_ms,
+        expires_in_ms,
     })
+}
+
+/// Checks a spec's expiry: `expires_at_ms` (an instant, Unix ms) or `expires_in` (a
+/// duration from when the job is enqueued), never both. An instant already past is accepted:
+/// the job ends expired at once, never runs, and says so (a producer's clock a little ahead,
+/// or a retried publish, must not turn into an error the producer cannot act on).
+/// Returns (expires_at_ms, expires_in in ms).
+fn check_expiry(obj: &Map<String, Value>, at: &str) -> Result<(Option<i64>, Option<i64>), Refused> {
+    let expires_at_ms = whole_in(obj, at, "expires_at_ms", 0, MAX_RUN_AT_MS)?;
+    let path = join(at, "expires_in");
+    let expires_in_ms = match obj.get("expires_in") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            let ns = parse_duration_ns(s).map_err(|e| Refused::bad(&path, e))?;
+            if ns < 1_000_000 {
+                return Err(Refused::bad(
+                    &path,
+                    format!("{s:?} is under a millisecond; a job expires at least 1ms after it is enqueued, e.g. \"1h\""),
+                ));
+            }
+            if ns > MAX_DELAY_MS as u128 * 1_000_000 {
+                return Err(Refused::bad(
+                    &path,
+                    format!(
+                        "{s:?} is longer than {} days, the longest delay",
+                        MAX_DELAY_MS / DAY_MS
+                    ),
+                ));
+            }
+            Some((ns / 1_000_000) as i64)
+        }
+        Some(other) => {
+            return Err(Refused::wrong(
+                &path,
+                "a duration string, e.g. \"1h\"",
+                other,
+            ))
+        }
+    };
+    if expires_at_ms.is_some() && expires_in_ms.is_some() {
+        return Err(Refused::bad(
+            &path,
+            "is given with expires_at_ms; give one of them: expires_at_ms (an instant, Unix ms) or expires_in (a duration from the enqueue, e.g. \"1h\")",
+        ));
+    }
+    Ok((expires_at_ms, expires_in_ms))
 }
 
 /// A forbidden-character table as the body of a PostgreSQL regular-expression bracket
@@ -982,6 +1051,14 @@ pub fn sql_values() -> Vec<(&'static str, String)> {
     let list = |d: Door| {
         d.fields()
             .iter()
+            .map(|f| format!("'{f}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let v14_list = |d: Door| {
+        d.fields()
+            .iter()
+            .filter(|f| !EXPIRY_FIELDS.contains(f))
             .map(|f| format!("'{f}'"))
             .collect::<Vec<_>>()
             .join(", ")
@@ -1022,6 +1099,11 @@ pub fn sql_values() -> Vec<(&'static str, String)> {
         ("KEY_FORBIDDEN", sql_class(KEY_FORBIDDEN)),
         ("DURATION_UNITS", units),
         ("MESSAGE_FIELDS", list(Door::Message)),
+        // Version 14 renders the field lists as they were before expiry (version 18):
+        // an applied migration must render the same text again.
+        ("V14_MESSAGE_FIELDS", v14_list(Door::Message)),
+        ("V14_THEN_FIELDS", v14_list(Door::Then)),
+        ("V14_ENQUEUE_FIELDS", v14_list(Door::Enqueue)),
         ("THEN_FIELDS", list(Door::Then)),
         ("ENQUEUE_FIELDS", list(Door::Enqueue)),
     ]
@@ -1136,7 +1218,8 @@ pub fn json_schema() -> Value {
             "delay_ms": whole(0, MAX_DELAY_MS, "Wait this long after the parent completed."),
             "idempotency_key": {"$ref": "#/$defs/key"},
             "backoff": {"$ref": "#/$defs/backoff"},
-            "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}}
+            "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}},
+            "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after it is created (when its parent completed), it never runs: it ends `cancelled` as expired. Above zero."}
         }
     });
     let fields: Vec<&str> = Door::Message.fields().to_vec();
@@ -1144,7 +1227,7 @@ pub fn json_schema() -> Value {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "jobwarden job message body",
         "description": format!(
-            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes). See docs/message-format.md.",
+            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes); (6) `expires_at_ms` and `expires_in` are never both given. See docs/message-format.md.",
             DEFAULT_MAX_PAYLOAD_BYTES
         ),
         "oneOf": [{"$ref": "#/$defs/envelope"}, {"$ref": "#/$defs/plain"}],
@@ -1171,6 +1254,8 @@ pub fn json_schema() -> Value {
                         "maxItems": MAX_THEN_JOBS,
                         "items": {"$ref": "#/$defs/thenJob"}
                     },
+                    "expires_at_ms": whole(0, MAX_RUN_AT_MS, "Not started by this instant (Unix milliseconds), the job never runs: it ends `cancelled` with last_error `expired: not started by <instant>`. Already past: it ends so at once. A job running when the instant passes runs to its end. Not with expires_in."),
+                    "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after the message was stored by the stream, the job never runs (as expires_at_ms). Above zero. Absent (and no expires_at_ms): the queue's expire_after, if it has one. Not with expires_at_ms."},
                     "depends_on": {
                         "description": "Not accepted in a published message: a job that waits for others must be stored before anything runs it (SQL enqueue(..., depends_on => ...), the Rust client, or `jobwarden enqueue --depends-on`). A message with this key is dead-lettered with that reason.",
                         "not": {}
@@ -1556,5 +1641,23 @@ mod tests {
     #[should_panic(expected = "unknown placeholder {{MAX_NOTHING}} in a SQL template")]
     fn an_unknown_placeholder_is_named_in_full() {
         render_sql("SELECT {{MAX_ID_BYTES}}, {{MAX_NOTHING}} + 1");
+    }
+
+    /// An applied migration must render the same text again (refinery refuses a database
+    /// whose applied migration changed): version 14 keeps the field lists it had before
+    /// expiry (version 18) added two.
+    #[test]
+    fn version_14_renders_the_field_lists_it_was_applied_with() {
+        let v14 = render_sql(include_str!("../migrations/V14__one_contract.sql"));
+        for list in [
+            "ARRAY['id', 'payload', 'priority', 'max_attempts', 'timeout_ms', 'idempotency_key', 'run_at_ms', 'backoff', 'then', 'depends_on']",
+            "ARRAY['queue', 'payload', 'id', 'priority', 'max_attempts', 'timeout_ms', 'delay_ms', 'idempotency_key', 'backoff', 'then']",
+            "ARRAY['id', 'queue', 'payload', 'priority', 'max_attempts', 'timeout_ms', 'idempotency_key', 'run_at_ms', 'delay_ms', 'backoff', 'then', 'depends_on']",
+        ] {
+            assert!(v14.contains(list), "{list}");
+        }
+        assert!(!v14.contains("expires"));
+        let v18 = render_sql(include_str!("../migrations/V18__job_expiry.sql"));
+        assert!(v18.contains("'depends_on', 'expires_at_ms', 'expires_in']"));
     }
 }

@@ -43,6 +43,10 @@ pub struct CronConfig {
     pub priority: Priority,
     #[serde(default)]
     pub missed: Missed,
+    /// A fire not started this long after its time never runs (it ends `cancelled` as
+    /// expired), e.g. "10m"; none by default (the queue's `expire_after` then applies).
+    #[serde(default, with = "humantime_serde")]
+    pub expires_in: Option<Duration>,
 }
 
 fn empty_object() -> serde_json::Value {
@@ -155,6 +159,9 @@ impl Schedule {
         spec.insert("payload".into(), c.payload.clone());
         spec.insert("priority".into(), c.priority.get().into());
         spec.insert("id".into(), fire_id(name, Utc::now()).into());
+        if let Some(e) = c.expires_in {
+            spec.insert("expires_in".into(), format!("{}ns", e.as_nanos()).into());
+        }
         if let Err(e) = crate::contract::check_spec(&spec, crate::contract::Door::Enqueue, None) {
             errs.push(match e.field() {
                 "id" => format!(
@@ -294,6 +301,7 @@ mod tests {
             payload: empty_object(),
             priority: Priority::new(5).unwrap(),
             missed: Missed::Skip,
+            expires_in: None,
         }
     }
 

@@ -118,6 +118,9 @@ pub struct NewJob {
     pub backoff: Option<crate::backoff::Backoff>,
     /// Jobs to create when this one completes (checked specs, see [`Then`]).
     pub then: Option<Value>,
+    /// Not started by this instant (Unix ms), it never runs: `expires_at_ms`, or
+    /// `expires_in` counted from when the stream stored the message.
+    pub expires_at_ms: Option<i64>,
 }
 
 impl NewJob {
@@ -135,6 +138,7 @@ impl NewJob {
             run_at_ms: None,
             backoff: None,
             then: None,
+            expires_at_ms: None,
         }
     }
 
@@ -296,7 +300,16 @@ pub fn decode(
         run_at_ms: spec.run_at_ms,
         backoff: spec.backoff,
         then: spec.then,
+        expires_at_ms: spec.expires_at_ms.or_else(|| {
+            spec.expires_in_ms
+                .map(|ms| stored_ms(origin).saturating_add(ms))
+        }),
     })
+}
+
+/// When the stream stored a message, in Unix milliseconds.
+pub fn stored_ms(origin: &MessageOrigin<'_>) -> i64 {
+    (origin.stored_ns / 1_000_000).clamp(0, i128::from(i64::MAX)) as i64
 }
 
 /// PostgreSQL's jsonb cannot hold the NUL character (`\u0000`) in any string; such a payload
@@ -330,6 +343,10 @@ pub struct Then {
     pub backoff: Option<crate::backoff::Backoff>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub then: Vec<Then>,
+    /// Not started this long after it is created (when its parent completed), it never
+    /// runs, e.g. "1h" (the contract's duration text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in: Option<String>,
 }
 
 impl Then {

@@ -272,6 +272,11 @@ pub struct QueueConfig {
     /// Overrides worker.stale_after for this queue's jobs.
     #[serde(with = "humantime_serde", default)]
     pub stale_after: Option<Duration>,
+    /// A job of this queue that carries no expiry of its own (`expires_at_ms`,
+    /// `expires_in`) and is not started this long after it is enqueued never runs: it ends
+    /// `cancelled` as expired. None by default.
+    #[serde(with = "humantime_serde", default)]
+    pub expire_after: Option<Duration>,
     /// Priorities are strict by default (0 = none); with N, every Nth pull serves the
     /// lower-priority lanes that have work, in turn, so they never starve.
     pub fair_every: u32,
@@ -350,6 +355,7 @@ impl Default for QueueConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             stale_after: None,
+            expire_after: None,
             fair_every: 0,
             global_concurrency: None,
             rate_limit: None,
@@ -788,6 +794,13 @@ impl Config {
                 fmt_dur(q.timeout)
             ));
         }
+        if q.expire_after.is_some_and(|e| e < Duration::from_millis(1)) {
+            errs.push(format!(
+                "queues.{name}.expire_after ({}) must be at least 1ms (every job of the queue \
+                 would expire at once), e.g. \"1h\"; leave it out for no expiry",
+                fmt_dur(q.expire_after.unwrap_or_default())
+            ));
+        }
         if let Err(e) = q.backoff.validate() {
             errs.push(format!("queues.{name}.backoff: {e}"));
         }
@@ -979,6 +992,9 @@ impl Config {
             if let Some(s) = q.stale_after {
                 all.push((format!("queues.{name}.stale_after"), s));
             }
+            if let Some(e) = q.expire_after {
+                all.push((format!("queues.{name}.expire_after"), e));
+            }
         }
         all
     }
@@ -1081,6 +1097,23 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("worker.sweep_every"), "{err}");
+        // A queue's expire_after of zero would expire every job at once; ten years and more
+        // is too long, like every duration.
+        let text = OK.replace(
+            "max_attempts = 3",
+            "max_attempts = 3\nexpire_after = \"0s\"",
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("queues.email.expire_after (0s) must be at least 1ms"),
+            "{err}"
+        );
+        let text = OK.replace(
+            "max_attempts = 3",
+            "max_attempts = 3\nexpire_after = \"11y\"",
+        );
+        let err = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(err.contains("queues.email.expire_after"), "{err}");
     }
 
     #[test]

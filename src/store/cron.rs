@@ -43,6 +43,8 @@ impl Store {
                         &c.priority.get(),
                         &(at.timestamp_millis() as f64),
                         &id,
+                        &c.expires_in
+                            .map(|e| e.as_millis().min(i64::MAX as u128) as i64),
                     ],
                 )
                 .await?

@@ -32,6 +32,8 @@ pub struct JobRow {
     pub completed_at: Option<String>,
     /// The chain it belongs to (the id of the chain's first job), if any.
     pub pipeline: Option<String>,
+    /// Not started by then, it never runs (ends `cancelled` as expired).
+    pub expires_at: Option<String>,
 }
 
 /// One attempt of a job.
@@ -71,6 +73,7 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
         last_activity_at: r.get(18),
         completed_at: r.get(19),
         pipeline: r.get(20),
+        expires_at: r.get(21),
     }
 }
 
@@ -315,7 +318,10 @@ mod tests {
                 .join(" ")
         };
         let get = columns(crate::store::sql::JOB_GET);
-        assert!(get.ends_with("pipeline"), "{get}");
+        assert!(
+            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"),
+            "{get}"
+        );
         assert_eq!(columns(crate::store::sql::JOB_LIST), get);
         assert_eq!(columns(crate::store::sql::DEAD_LIST), get);
     }

@@ -94,6 +94,8 @@ fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
     let conflict = !r.get::<_, Option<bool>>(13).unwrap_or(true);
     if row_queue != queue {
         Claim::WrongQueue(row_queue)
+    } else if r.get::<_, Option<bool>>(15) == Some(true) {
+        Claim::Expired
     } else if status == JobStatus::Processing && (fresh || payload.is_some()) {
         Claim::Claimed {
             lease: r.get(6),
@@ -114,16 +116,19 @@ fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
 
 impl Store {
     /// Claims a batch of delivered jobs in one statement, as `worker_id`, with the stale
-    /// deadline `stale_after` (the queue's, as this worker declares it). Ids must be distinct.
-    /// Answers come back in input order.
+    /// deadline `stale_after` and the default expiry `expire_after` (the queue's, as this
+    /// worker declares them). Ids must be distinct. Answers come back in input order.
     pub async fn job_claim(
         &self,
         worker_id: &str,
         stale_after: Duration,
+        expire_after: Option<Duration>,
         batch: &[ClaimInput],
     ) -> Result<ClaimAnswer> {
         let sql = sql::JOB_CLAIM;
-        let rows = self.claim_rows(sql, worker_id, stale_after, batch).await?;
+        let rows = self
+            .claim_rows(sql, worker_id, stale_after, batch, Some(expire_after))
+            .await?;
         let mut claims = vec![Claim::Duplicate; batch.len()];
         let (mut alive, mut paused) = (true, false);
         for r in rows {
@@ -153,7 +158,10 @@ impl Store {
         batch: &[ClaimInput],
     ) -> Result<Vec<Option<Claim>>> {
         let sql = sql::JOB_CLAIM_NEW;
-        let rows = match self.claim_rows(sql, worker_id, stale_after, batch).await {
+        let rows = match self
+            .claim_rows(sql, worker_id, stale_after, batch, None)
+            .await
+        {
             // An id or idempotency key exists already: nothing was inserted.
             Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
             r => r?,
@@ -161,7 +169,9 @@ impl Store {
         // A row inserted from a message holds the message's job: only its lease, attempt and
         // status come back.
         let fresh = |r: &tokio_postgres::Row, input: &ClaimInput| {
-            if r.get::<_, bool>(3) {
+            if r.get::<_, bool>(4) {
+                Claim::Expired
+            } else if r.get::<_, bool>(3) {
                 Claim::Claimed {
                     lease: r.get(1),
                     attempt: r.get(2),
@@ -204,19 +214,27 @@ impl Store {
         Ok(claims)
     }
 
-    /// Runs a claim statement (worker id, stale_after, the batch's columns) and returns its
-    /// answer rows.
+    /// Runs a claim statement (worker id, stale_after, the batch's columns, their expiries
+    /// and — for `job_claim.sql`, `Some` — the queue's default expiry) and returns its answer
+    /// rows.
     async fn claim_rows(
         &self,
         sql: &str,
         worker_id: &str,
         stale_after: Duration,
         batch: &[ClaimInput],
+        expire_after: Option<Option<Duration>>,
     ) -> Result<Vec<tokio_postgres::Row>> {
         let cols = Columns::of(batch);
         let stale = ms(stale_after);
+        let expiries: Vec<Option<i64>> = batch.iter().map(|i| i.job.expires_at_ms).collect();
+        let default = expire_after.map(|d| d.map(ms));
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id, &stale];
         params.extend(cols.params());
+        params.push(&expiries);
+        if let Some(d) = &default {
+            params.push(d);
+        }
         let client = self.client().await?;
         let st = client.prepare_cached(sql).await?;
         Ok(client.query(&st, &params).await?)

@@ -85,9 +85,11 @@ impl Store {
         job: &NewJob,
         max_attempts: i32,
         delay: Duration,
+        expires_in: Option<Duration>,
     ) -> Result<Enqueued> {
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_INSERT).await?;
+        let expires_in = expires_in.map(ms);
         let (timeout_ms, backoff) = (job.timeout_ms(), job.backoff_json());
         let row = client
             .query_opt(
@@ -102,6 +104,8 @@ impl Store {
                     &job.idempotency_key,
                     &ms(delay),
                     &backoff,
+                    &job.expires_at_ms,
+                    &expires_in,
                 ],
             )
             .await?;
@@ -219,9 +223,12 @@ impl Store {
     /// `job_adopt.sql`). Returns the ids adopted.
     pub async fn job_adopt(&self, batch: &[ClaimInput]) -> Result<Vec<String>> {
         let cols = Columns::of(batch);
+        let expiries: Vec<Option<i64>> = batch.iter().map(|i| i.job.expires_at_ms).collect();
+        let mut params: Vec<&(dyn ToSql + Sync)> = cols.params().to_vec();
+        params.push(&expiries);
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_ADOPT).await?;
-        let rows = client.query(&st, &cols.params()).await?;
+        let rows = client.query(&st, &params).await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
 

@@ -275,6 +275,9 @@ pub enum Claim {
     /// The job exists and is not claimable now (terminal, running elsewhere, or waiting).
     /// `conflict`: it holds another payload than the message's.
     NotClaimable { status: JobStatus, conflict: bool },
+    /// The job was past its expiry: not claimed, ended `cancelled` by this statement (the
+    /// message needs nothing more: it is acked).
+    Expired,
     /// No row came back: another transaction inserted this id or idempotency key concurrently.
     Duplicate,
     /// The id belongs to a job of another queue.

@@ -135,6 +135,15 @@ impl Store {
         Ok(row.and_then(|r| JobStatus::parse(r.get(0))))
     }
 
+    /// Ends at most `limit` queued or scheduled jobs whose expiry has passed (`cancelled`,
+    /// `expired: not started by …`); returns the (id, queue) of each.
+    pub async fn job_expire_due(&self, limit: i64) -> Result<Vec<(String, String)>> {
+        let c = self.raw().await?;
+        let st = c.prepare_cached(sql::JOB_EXPIRE_DUE).await?;
+        let rows = c.query(&st, &[&limit]).await?;
+        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
     /// Deletes dead jobs older than `age`; returns how many.
     pub async fn job_purge_dead(&self, age: Duration) -> Result<u64> {
         let c = self.raw().await?;

@@ -32,6 +32,8 @@ pub struct JobView {
     pub started_at: Option<String>,
     pub last_activity_at: Option<String>,
     pub finished_at: Option<String>,
+    /// Not started by then, it never runs; `expired` says it ended so.
+    pub expires_at: Option<String>,
     pub idempotency_key: Option<String>,
     /// The id of the pipeline's first job.
     pub pipeline: Option<String>,
@@ -133,6 +135,7 @@ impl JobView {
             started_at: job.started_at,
             last_activity_at: job.last_activity_at,
             finished_at: job.completed_at,
+            expires_at: job.expires_at,
             idempotency_key: job.idempotency_key,
             pipeline: job.pipeline,
             payload: job.payload,
@@ -151,6 +154,21 @@ impl JobView {
         self.state.is_some_and(|s| !s.is_terminal())
     }
 
+    /// How its expiry is named: `expired at` when the job ended so (never started), else
+    /// `expires at` (a job that started before it keeps it, unused).
+    pub fn expiry_label(&self) -> &'static str {
+        let expired = self.state == Some(JobStatus::Cancelled)
+            && self
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("expired:"));
+        if expired {
+            "expired at"
+        } else {
+            "expires at"
+        }
+    }
+
     /// The times known, in the order they happen, with their labels.
     pub fn times(&self) -> Vec<(&'static str, &str)> {
         [
@@ -159,6 +177,7 @@ impl JobView {
             ("started", self.started_at.as_deref()),
             ("last activity", self.last_activity_at.as_deref()),
             ("finished", self.finished_at.as_deref()),
+            (self.expiry_label(), self.expires_at.as_deref()),
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k, v?)))
@@ -216,8 +235,11 @@ pub fn format_job(v: &JobView) -> String {
         ("started", dash(v.started_at.as_deref())),
         ("last activity", dash(v.last_activity_at.as_deref())),
         ("completed", dash(v.finished_at.as_deref())),
-        ("payload", v.payload.to_string()),
     ]);
+    if let Some(e) = &v.expires_at {
+        lines.push((v.expiry_label(), e.clone()));
+    }
+    lines.push(("payload", v.payload.to_string()));
     if let Some(r) = &v.result {
         lines.push(("result", r.to_string()));
     }
@@ -270,6 +292,7 @@ mod tests {
             last_activity_at: None,
             completed_at: None,
             pipeline: None,
+            expires_at: None,
         }
     }
 

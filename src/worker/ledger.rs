@@ -299,6 +299,7 @@ mod tests {
             max_attempts: 1,
             backoff: Default::default(),
             stale_after: Duration::from_secs(1),
+            expire_after: None,
             fair_every: 0,
             global_cap: None,
             rate: None,

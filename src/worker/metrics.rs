@@ -74,6 +74,7 @@ pub(crate) struct Metrics {
     duration: Family<QueueLabel, Histogram, fn() -> Histogram>,
     wait: Family<QueueLabel, Histogram, fn() -> Histogram>,
     flow_waits: Family<QueueLabel, Counter>,
+    expired: Family<QueueLabel, Counter>,
 }
 
 /// One queue's handles: bumping them is an atomic add (a short lock for histograms).
@@ -90,6 +91,8 @@ pub(crate) struct QueueMetrics {
     pub wait: Histogram,
     /// Pull rounds that waited for a cluster-wide cap or rate limit.
     pub flow_waits: Counter,
+    /// Jobs this worker ended as expired (at the claim or in the scheduler's round).
+    pub expired: Counter,
 }
 
 impl Metrics {
@@ -100,7 +103,15 @@ impl Metrics {
             duration: Family::new_with_constructor(seconds_histogram),
             wait: Family::new_with_constructor(seconds_histogram),
             flow_waits: Family::default(),
+            expired: Family::default(),
         }
+    }
+
+    /// The expired-jobs counter of `queue` (the scheduler's round ends jobs of any queue).
+    pub fn expired(&self, queue: &str) -> Counter {
+        self.expired.get_or_create_owned(&QueueLabel {
+            queue: queue.to_string(),
+        })
     }
 
     pub fn queue(&self, queue: &str) -> QueueMetrics {
@@ -122,6 +133,7 @@ impl Metrics {
             duration: self.duration.get_or_create_owned(&q),
             wait: self.wait.get_or_create_owned(&q),
             flow_waits: self.flow_waits.get_or_create_owned(&q),
+            expired: self.expired.get_or_create_owned(&q),
         }
     }
 }
@@ -155,6 +167,11 @@ pub(crate) async fn render(shared: &Shared) -> String {
         "jobs",
         "Attempts settled by this worker, by queue and outcome (completed, retried, dead, released)",
         m.jobs.clone(),
+    );
+    r.register(
+        "jobs_expired",
+        "Jobs this worker ended as expired (not started by their expiry), by queue",
+        m.expired.clone(),
     );
     r.register(
         "jobs_started",

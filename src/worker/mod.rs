@@ -172,6 +172,9 @@ pub(crate) struct QueuePolicy {
     /// The stale deadline this worker declares for the queue's jobs (the queue's own, else
     /// `worker.stale_after`).
     pub stale_after: Duration,
+    /// The queue's default expiry (`expire_after`): applied to a message without one, from
+    /// when the stream stored it, and at the claim to a row without one, from its creation.
+    pub expire_after: Option<Duration>,
     /// Every Nth pull serves lower priorities (0: strict).
     pub fair_every: u32,
     /// Jobs running at once across every worker.
@@ -406,6 +409,7 @@ impl Worker {
                     max_attempts: q.max_attempts,
                     backoff: q.backoff,
                     stale_after: q.stale_after.unwrap_or(config.worker.stale_after),
+                    expire_after: q.expire_after,
                     fair_every: q.fair_every,
                     global_cap: q.global_concurrency,
                     rate: q.rate_limit,

@@ -27,6 +27,13 @@ use tracing::{debug, info, warn};
 
 /// Most due jobs published in one round.
 const ROUND_LIMIT: i64 = 500;
+/// Most expired jobs ended in one round (a full round is followed by another at once).
+const EXPIRE_LIMIT: i64 = 500;
+/// Most expiry rounds per tick (a backlog of expired jobs drains over a few ticks).
+const EXPIRE_ROUNDS: usize = 8;
+/// How often the expiry rounds run (not every tick: a job past its expiry whose message
+/// arrives meanwhile is ended by its claim anyway).
+const EXPIRE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most ended jobs whose dependents one chain round resolves, and most rounds per tick (a
 /// dead parent's descendants die one generation per round).
 const CHAIN_LIMIT: i64 = 500;
@@ -56,6 +63,7 @@ impl Scheduler {
         let mut listen_tried: Option<std::time::Instant> = None;
         let mut rechecked = std::time::Instant::now();
         let mut pauses_read: Option<std::time::Instant> = None;
+        let mut expired_at: Option<std::time::Instant> = None;
         loop {
             if pauses_read.is_none_or(|t| t.elapsed() >= PAUSES_EVERY) {
                 pauses_read = Some(std::time::Instant::now());
@@ -99,6 +107,14 @@ impl Scheduler {
                          a retried parent waiting again"
                     ),
                     Err(e) => debug!(cause = %e, "chain recheck failed"),
+                }
+            }
+            // Expired jobs end before the due ones are published: a due retry past its expiry
+            // is ended, not published. (Failures back off with the publishing below.)
+            if expired_at.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
+                expired_at = Some(std::time::Instant::now());
+                if let Err(e) = self.expire_due().await {
+                    debug!(cause = %e, "expiry round failed");
                 }
             }
             // Keep going while full rounds come back: a backlog drains without waiting ticks.
@@ -212,6 +228,24 @@ impl Scheduler {
             warn!(job.id = %id, %queue, reason = %reason, "job dead-lettered: a job it depends on is dead");
             self.shared.announce_dead(queue, id, Some(reason));
         }
+    }
+
+    /// Ends the queued and scheduled jobs whose expiry has passed, in bounded rounds; returns
+    /// how many it ended.
+    pub async fn expire_due(&self) -> Result<usize, crate::store::StoreError> {
+        let mut total = 0;
+        for _ in 0..EXPIRE_ROUNDS {
+            let ended = self.shared.store.job_expire_due(EXPIRE_LIMIT).await?;
+            total += ended.len();
+            for (id, queue) in &ended {
+                info!(job.id = %id, %queue, "job expired before it started: ended cancelled");
+                self.shared.metrics.expired(queue).inc();
+            }
+            if (ended.len() as i64) < EXPIRE_LIMIT {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     /// Publishes one round of due jobs; returns what became of them.

@@ -140,6 +140,12 @@ pub fn field_value(field: &'static str, depth: u32) -> BoxedStrategy<Value> {
             1 => (99usize..102).prop_map(|n| Value::from(vec![json!({"queue": "q", "payload": {}}); n])),
         ].boxed(),
         "then" => Just(json!([])).boxed(),
+        // Durations, some under a millisecond or over the longest delay, and non-strings.
+        "expires_in" => prop_oneof![
+            4 => duration_text().prop_map(Value::from),
+            1 => prop::sample::select(vec!["0s", "999us", "1ms", "11y", "3650d"]).prop_map(Value::from),
+            1 => whole_ish(),
+        ].boxed(),
         _ => whole_ish().boxed(),
     }
 }

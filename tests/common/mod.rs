@@ -262,7 +262,7 @@ impl TestEnv {
     ) -> jobwarden::store::ClaimAnswer {
         self.register_other(worker).await;
         self.store
-            .job_claim(worker, stale_after, &[claim_input(id)])
+            .job_claim(worker, stale_after, None, &[claim_input(id)])
             .await
             .unwrap()
     }

@@ -88,9 +88,16 @@ enum Command {
         depends_on: Vec<String>,
         /// Jobs to create when this one completes, as JSON: '[{"queue":"pdf","payload":{…},
         /// "then":[…]}]' (fields: queue, payload, id, priority, max_attempts, timeout_ms,
-        /// delay_ms, idempotency_key, backoff, then).
+        /// delay_ms, idempotency_key, backoff, then, expires_in).
         #[arg(long, value_name = "JSON")]
         then: Option<String>,
+        /// Not started by this instant (RFC 3339, e.g. 2026-11-27T03:00:00Z), the job never
+        /// runs: it ends cancelled as expired.
+        #[arg(long, value_parser = parse_instant, conflicts_with = "expires_in")]
+        expires_at: Option<std::time::SystemTime>,
+        /// Not started this long after it is enqueued (e.g. 1h), the job never runs.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires_in: Option<Duration>,
     },
     /// Inspect jobs.
     Jobs {
@@ -184,6 +191,15 @@ fn parse_then(text: &str) -> Result<Vec<jobwarden::client::Then>, String> {
     let checked = jobwarden::contract::check_spec(&spec, jobwarden::contract::Door::Message, None)
         .map_err(|e| e.to_string())?;
     serde_json::from_value(checked.then.unwrap_or_default()).map_err(|e| format!("{e}: {example}"))
+}
+
+/// An instant as RFC 3339 (`2026-11-27T03:00:00Z`, `2026-11-27T04:00:00+01:00`).
+fn parse_instant(text: &str) -> Result<std::time::SystemTime, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(std::time::SystemTime::from)
+        .map_err(|e| {
+            format!("{text:?} is not an RFC 3339 instant ({e}); write e.g. 2026-11-27T03:00:00Z")
+        })
 }
 
 fn parse_backoff(s: &str) -> Result<jobwarden::backoff::Backoff, String> {
@@ -388,6 +404,8 @@ async fn real_main(cli: Cli) -> Result<()> {
             backoff,
             depends_on,
             then,
+            expires_at,
+            expires_in,
         } => {
             let config = Config::load_connections(path.as_deref())?;
             let payload: serde_json::Value = serde_json::from_str(&payload).map_err(|e| {
@@ -418,6 +436,8 @@ async fn real_main(cli: Cli) -> Result<()> {
                     Some(text) => parse_then(&text).map_err(|e| BadArgs(format!("--then: {e}")))?,
                     None => Vec::new(),
                 },
+                expires_at,
+                expires_in,
             };
             let enq = client
                 .enqueue(&queue, payload, opts)

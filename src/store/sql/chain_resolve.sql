@@ -22,14 +22,16 @@ specs AS (
 ),
 created AS (
     INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      backoff, status, scheduled_at, then_jobs, pipeline)
+                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at)
     SELECT s.id, s.spec ->> 'queue', s.spec -> 'payload',
            COALESCE((s.spec ->> 'priority')::int2, 5),
            COALESCE((s.spec ->> 'max_attempts')::int4, 5),
            (s.spec ->> 'timeout_ms')::int4, s.spec ->> 'idempotency_key', s.spec -> 'backoff',
            'scheduled',
            now() + COALESCE((s.spec ->> 'delay_ms')::int8, 0) * interval '1 millisecond',
-           s.spec -> 'then', s.pipeline
+           s.spec -> 'then', s.pipeline,
+           -- Checked specs hold expires_in as whole milliseconds ("3600000ms").
+           now() + left(s.spec ->> 'expires_in', -2)::int8 * interval '1 millisecond'
     FROM specs s
     ON CONFLICT DO NOTHING
     RETURNING id

@@ -2,6 +2,7 @@
 //! its answer taken in here: jobs dispatched, the rest acked, kept, recorded or handed back.
 
 use super::*;
+use tracing::info;
 
 /// What became of one message of a claim group.
 pub(super) enum Answer {
@@ -91,9 +92,10 @@ impl Producer {
             sent: Instant::now(),
         };
         let stale = self.policy.stale_after;
+        let expire = self.policy.expire_after;
         self.pending.push(
             async move {
-                let answer = claim(&shared, stale, &group.inputs, &group.known).await;
+                let answer = claim(&shared, (stale, expire), &group.inputs, &group.known).await;
                 ClaimDone { group, answer }
             }
             .boxed(),
@@ -191,6 +193,13 @@ impl Producer {
     /// The message's own id (for keeping it dead under).
     fn own_id(&self, d: &Delivered) -> String {
         d.own_id(&self.policy.name, self.shared.broker.stream_name())
+    }
+
+    /// A message whose job the claim ended as expired: counted, and acked with the rest.
+    fn expired(&self, id: &str, d: Delivered) -> Delivered {
+        info!(job.id = %id, queue = %self.policy.name, "job expired before it started: ended cancelled, message acked");
+        self.policy.metrics.expired.inc();
+        d
     }
 
     /// What one message's claim says: run its job (or give it back when this worker stops
@@ -293,6 +302,7 @@ impl Producer {
                 debug!(job.id = %id, %status, "message for a job that is not claimable; acked and dropped");
                 fates.dropped.push(d);
             }
+            Claim::Expired => fates.dropped.push(self.expired(&id, d)),
             Claim::Duplicate => fates.dropped.push(d),
             Claim::WrongQueue(other) => fates.rejected.push(Rejected {
                 id: self.own_id(&d),

@@ -53,6 +53,14 @@ impl Producer {
             };
             match job::decode(&d.msg.payload, &origin, max_bytes) {
                 Ok(mut job) if seen.insert(job.id.clone()) => {
+                    // The queue's default expiry, for a message that carries none: counted
+                    // from when the stream stored it (the time it was enqueued).
+                    if job.expires_at_ms.is_none() {
+                        job.expires_at_ms = self
+                            .policy
+                            .expire_after
+                            .map(|e| job::stored_ms(&origin).saturating_add(e.as_millis() as i64));
+                    }
                     // The subject a message came by is its priority: the lane it is delivered
                     // in. An envelope naming another one could not be honoured (JetStream has
                     // the message in that lane's order already), so it is refused, saying

@@ -49,7 +49,7 @@ impl ClaimAnswer {
 /// the rest.
 pub(super) async fn claim(
     shared: &Shared,
-    stale: Duration,
+    stale: (Duration, Option<Duration>),
     inputs: &[ClaimInput],
     known: &[bool],
 ) -> ClaimAnswer {
@@ -69,7 +69,7 @@ pub(super) async fn claim(
     };
     let fresh = match shared
         .store
-        .job_claim_new(&shared.worker_id, stale, to_insert)
+        .job_claim_new(&shared.worker_id, stale.0, to_insert)
         .await
     {
         Ok(fresh) => fresh,
@@ -130,12 +130,12 @@ pub(super) async fn claim(
 /// The full claim (`job_claim.sql`): new jobs and existing rows alike.
 pub(super) async fn claim_existing(
     shared: &Shared,
-    stale: Duration,
+    (stale, expire): (Duration, Option<Duration>),
     inputs: &[ClaimInput],
 ) -> ClaimAnswer {
     let store = &shared.store;
     let me = &shared.worker_id;
-    match store.job_claim(me, stale, inputs).await {
+    match store.job_claim(me, stale, expire, inputs).await {
         // Not registered: the statement wrote nothing, every message goes back.
         Ok(a) if !a.alive => {
             return ClaimAnswer::ran(false, inputs.iter().map(|_| Answer::NotTried).collect());
@@ -163,7 +163,7 @@ pub(super) async fn claim_existing(
             continue;
         }
         match store
-            .job_claim(me, stale, std::slice::from_ref(input))
+            .job_claim(me, stale, expire, std::slice::from_ref(input))
             .await
         {
             Ok(a) if !a.alive => {
