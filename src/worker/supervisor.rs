@@ -68,6 +68,8 @@ pub enum Service {
     Flow,
     /// Enqueues cron fires.
     Cron,
+    /// Deletes finished rows whose keep is over (retention).
+    Pruner,
     /// The local API (progress reports, drain, probes).
     Api,
     /// The ops listener: `/metrics`, probes (and metrics refreshes).
@@ -84,7 +86,7 @@ pub enum Service {
 
 impl Service {
     /// Every service a fail point can name.
-    pub const ALL: [Service; 16] = [
+    pub const ALL: [Service; 17] = [
         Service::Producer,
         Service::Executor,
         Service::Completer,
@@ -95,6 +97,7 @@ impl Service {
         Service::Heartbeat,
         Service::Flow,
         Service::Cron,
+        Service::Pruner,
         Service::Api,
         Service::Metrics,
         Service::Dashboard,
@@ -115,6 +118,7 @@ impl Service {
             Service::Heartbeat => "heartbeat",
             Service::Flow => "flow",
             Service::Cron => "cron",
+            Service::Pruner => "pruner",
             Service::Api => "api",
             Service::Metrics => "metrics",
             Service::Dashboard => "dashboard",
