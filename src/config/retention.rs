@@ -177,8 +177,12 @@ impl Config {
 mod tests {
     use super::*;
 
+    const HANDLER: &str = "[handler]\nkind = \"rust\"\nname = \"noop\"\n";
+
     fn policy(toml: &str) -> Option<Policy> {
-        Config::from_toml(toml).unwrap().retention_policy()
+        Config::from_toml(&format!("{HANDLER}{toml}"))
+            .unwrap()
+            .retention_policy()
     }
 
     #[test]
@@ -212,7 +216,11 @@ mod tests {
         for (toml, words) in [
             (
                 "[retention]\nkeep_dead = \"a month\"\n",
-                &["retention.keep_dead", "\"a month\" is not an age", "\"30d\""][..],
+                &[
+                    "retention.keep_dead",
+                    "\"a month\" is not an age",
+                    "\"30d\"",
+                ][..],
             ),
             (
                 "[retention]\nkeep_completed = \"0s\"\n",
@@ -220,7 +228,10 @@ mod tests {
             ),
             (
                 "[retention]\nkeep_count = 0\n",
-                &["retention.keep_count (0) must be at least 1", "keep_count = 100000"],
+                &[
+                    "retention.keep_count (0) must be at least 1",
+                    "keep_count = 100000",
+                ],
             ),
             (
                 "[queues.email]\nkeep_count = -5\n",
@@ -230,12 +241,15 @@ mod tests {
                 "[queues.email]\nkeep_cancelled = \"soon\"\n",
                 &["queues.email.keep_cancelled", "\"soon\" is not an age"],
             ),
-            ("[retention]\nbatch = 0\n", &["retention.batch (0) must be from 1"]),
+            (
+                "[retention]\nbatch = 0\n",
+                &["retention.batch (0) must be from 1"],
+            ),
         ] {
             let toml = if toml.contains("[queues.") {
-                toml.to_string()
+                format!("{HANDLER}{toml}")
             } else {
-                format!("{toml}[queues.email]\n")
+                format!("{HANDLER}{toml}[queues.email]\n")
             };
             let e = Config::from_toml(&toml).unwrap_err().to_string();
             for w in words {

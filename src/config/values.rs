@@ -129,7 +129,6 @@ impl fmt::Display for RateLimit {
     }
 }
 
-
 /// How long a finished row is kept before the pruner deletes it (`retention.keep_*`), e.g.
 /// `"7d"`: from [`KeepFor::SHORTEST`] to ten years.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,7 +203,10 @@ mod tests {
         assert_eq!(k.to_string(), "7days");
         assert_eq!(k.to_string().parse::<KeepFor>(), Ok(k));
         let e = "a week".parse::<KeepFor>().unwrap_err();
-        assert!(e.contains("\"a week\" is not an age") && e.contains("\"7d\""), "{e}");
+        assert!(
+            e.contains("\"a week\" is not an age") && e.contains("\"7d\""),
+            "{e}"
+        );
         let e = "0s".parse::<KeepFor>().unwrap_err();
         assert!(e.contains("shorter than 1h"), "{e}");
         assert!("-1d".parse::<KeepFor>().is_err());

@@ -159,7 +159,9 @@ impl PruneSession {
 
     /// Ends the round: releases the lock and closes the connection.
     pub async fn finish(self) -> Result<()> {
-        self.client.query_one(sql::PRUNE_UNLOCK, &[&self.lock]).await?;
+        self.client
+            .query_one(sql::PRUNE_UNLOCK, &[&self.lock])
+            .await?;
         Ok(())
     }
 }

@@ -139,7 +139,13 @@ impl Pruner {
             let mut after = FROM_THE_START.to_string();
             loop {
                 let gone = s
-                    .prune_jobs(status, self.policy.default_keep(status), &mine, &after, batch)
+                    .prune_jobs(
+                        status,
+                        self.policy.default_keep(status),
+                        &mine,
+                        &after,
+                        batch,
+                    )
                     .await?;
                 let mut by_queue: BTreeMap<&str, u64> = BTreeMap::new();
                 for (queue, at) in &gone {

@@ -9,6 +9,7 @@
 mod bench;
 mod bench_recovery;
 mod demo;
+mod prune;
 mod queues;
 mod testkit;
 
@@ -110,6 +111,9 @@ enum Command {
         #[command(subcommand)]
         command: queues::QueuesCommand,
     },
+    /// Retention: delete finished jobs whose keep is over now (one round, as the workers do
+    /// every retention.every), or see with --dry-run what would go.
+    Prune(prune::PruneArgs),
     /// Per-queue statistics (the job_stats view).
     Stats {
         #[arg(long)]
@@ -459,6 +463,10 @@ async fn real_main(cli: Cli) -> Result<()> {
             let config = Config::load_connections(path.as_deref())?;
             let store = Store::connect(&config.database).await?;
             queues::run(&store, command).await
+        }
+        Command::Prune(args) => {
+            let config = Config::load_connections(path.as_deref())?;
+            prune::run(args, config).await
         }
         Command::Stats { json } => {
             let config = Config::load_connections(path.as_deref())?;

@@ -1,4 +1,5 @@
--- Deletes up to $7 finished jobs of status $1 whose time is up, oldest first, and returns
+-- Deletes up to $7 finished jobs of status $1 whose time is up (older than their keep, or
+-- past their queue's keep_count), oldest first, and returns
 -- each one's queue and completed_at (their attempt-log rows go by the jobs_delete_attempts
 -- trigger, their job_deps rows by ON DELETE CASCADE). A job is kept: while its chain is not
 -- resolved (chain_pending), and while it is the parent of a job that has not finished.
@@ -9,8 +10,7 @@
 -- Rows another transaction holds are skipped (the next round takes them).
 WITH policy AS (
     SELECT p.queue,
-           least(now() - p.keep_ms * interval '1 millisecond',
-                 COALESCE(p.floor::timestamptz, 'infinity'::timestamptz)) AS cut
+           greatest(now() - p.keep_ms * interval '1 millisecond', p.floor::timestamptz) AS cut
     FROM unnest($3::text[], $4::int8[], $5::text[]) AS p(queue, keep_ms, floor)
 ),
 victims AS (

@@ -12,8 +12,8 @@ policy AS (
 ),
 finished AS (
     SELECT j.queue, j.status, j.completed_at,
-           j.completed_at < least(now() - COALESCE(p.keep_ms, d.keep_ms) * interval '1 millisecond',
-                                  COALESCE(p.floor::timestamptz, 'infinity'::timestamptz))
+           j.completed_at < greatest(now() - COALESCE(p.keep_ms, d.keep_ms) * interval '1 millisecond',
+                                    p.floor::timestamptz)
            AND NOT j.chain_pending
            AND NOT (j.has_dependents AND EXISTS (
                SELECT 1 FROM job_deps x JOIN jobs c ON c.id = x.child
