@@ -7,6 +7,7 @@
 #![warn(clippy::too_many_lines)]
 
 mod bench;
+mod bench_prune;
 mod bench_recovery;
 mod demo;
 mod prune;
