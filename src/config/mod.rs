@@ -1621,5 +1621,9 @@ mod tests {
             json(to_value(&example.worker)),
             json(to_value(&defaults.worker))
         );
+        assert_eq!(
+            json(to_value(&example.retention)),
+            json(to_value(&defaults.retention))
+        );
     }
 }
