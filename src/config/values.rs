@@ -163,8 +163,15 @@ impl FromStr for KeepFor {
 }
 
 impl fmt::Display for KeepFor {
+    /// In whole days or hours when it is some ("90d", not humantime's "2months 29days 2h
+    /// 52m 48s", whose months are 30.44 days).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&super::fmt_dur(self.0))
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        match (secs % 86_400, secs % 3600, nanos) {
+            (0, _, 0) => write!(f, "{}d", secs / 86_400),
+            (_, 0, 0) => write!(f, "{}h", secs / 3600),
+            _ => f.write_str(&super::fmt_dur(self.0)),
+        }
     }
 }
 
@@ -200,7 +207,14 @@ mod tests {
     fn keep_ages_parse_print_back_or_say_the_right_form() {
         let k: KeepFor = "7d".parse().unwrap();
         assert_eq!(k.0, Duration::from_secs(7 * 24 * 3600));
-        assert_eq!(k.to_string(), "7days");
+        assert_eq!(k.to_string(), "7d");
+        for (text, shown) in [("90d", "90d"), ("36h", "36h"), ("1h 30m", "1h 30m")] {
+            let k: KeepFor = text.parse().unwrap();
+            assert_eq!(
+                (k.to_string().as_str(), k.to_string().parse()),
+                (shown, Ok(k))
+            );
+        }
         assert_eq!(k.to_string().parse::<KeepFor>(), Ok(k));
         let e = "a week".parse::<KeepFor>().unwrap_err();
         assert!(
