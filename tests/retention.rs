@@ -230,6 +230,9 @@ async fn one_round_at_a_time_across_workers_each_row_deleted_once() {
     let r = round(&env).await;
     assert!(r.skipped && r.jobs_total() == 0, "{r:?}");
     assert_eq!(env.count("completed").await, 500);
+    // What would go can be seen meanwhile: a dry run takes no lock.
+    let preview = pruner(&env).preview().await.unwrap();
+    assert_eq!((preview.len(), preview[0].going), (1, 500), "{preview:?}");
     drop(held);
     // Two at once: one runs, the other skips; every row is deleted exactly once.
     let (a, b) = tokio::join!(round(&env), round(&env));

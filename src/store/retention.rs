@@ -30,10 +30,12 @@ pub struct PrunePreview {
     pub oldest_kept_secs: Option<f64>,
 }
 
-/// A connection of its own holding the pruner's lock of this schema.
+/// A connection of its own, holding the pruner's lock of this schema (or a reader's, not).
 pub struct PruneSession {
     client: deadpool_postgres::ClientWrapper,
     lock: String,
+    /// Whether it holds the lock (a reader does not).
+    locked: bool,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -44,11 +46,25 @@ impl Store {
     /// The pruner's lock of this schema on a connection of its own, or `None` while another
     /// session (another pod's round) holds it.
     pub async fn prune_session(&self) -> Result<Option<PruneSession>> {
+        let s = self.prune_reader().await?;
+        let got: bool = s
+            .client
+            .query_one(sql::PRUNE_LOCK, &[&s.lock])
+            .await?
+            .get(0);
+        Ok(got.then_some(PruneSession { locked: true, ..s }))
+    }
+
+    /// A connection set up as the pruner's, without its lock: for what only reads
+    /// (`jobwarden prune --dry-run`), so it never waits for a round.
+    pub async fn prune_reader(&self) -> Result<PruneSession> {
         let client = deadpool_postgres::Object::take(self.client().await?);
         client.query_one(sql::PRUNE_SESSION, &[]).await?;
-        let lock = format!("jobwarden.prune.{}", self.schema);
-        let got: bool = client.query_one(sql::PRUNE_LOCK, &[&lock]).await?.get(0);
-        Ok(got.then_some(PruneSession { client, lock }))
+        Ok(PruneSession {
+            client,
+            lock: format!("jobwarden.prune.{}", self.schema),
+            locked: false,
+        })
     }
 }
 
@@ -157,11 +173,13 @@ impl PruneSession {
             .await?)
     }
 
-    /// Ends the round: releases the lock and closes the connection.
+    /// Ends the round: releases the lock (if held) and closes the connection.
     pub async fn finish(self) -> Result<()> {
-        self.client
-            .query_one(sql::PRUNE_UNLOCK, &[&self.lock])
-            .await?;
+        if self.locked {
+            self.client
+                .query_one(sql::PRUNE_UNLOCK, &[&self.lock])
+                .await?;
+        }
         Ok(())
     }
 }

@@ -94,16 +94,14 @@ impl Pruner {
         Ok(cuts)
     }
 
-    /// What a round would delete now, per queue and status (nothing is deleted). `None`
-    /// while another worker's round holds the lock.
-    pub async fn preview(&self) -> Result<Option<Vec<PrunePreview>>> {
-        let Some(s) = self.store.prune_session().await? else {
-            return Ok(None);
-        };
+    /// What a round would delete now, per queue and status (nothing is deleted; no lock
+    /// taken, so a round running meanwhile may have deleted part of it already).
+    pub async fn preview(&self) -> Result<Vec<PrunePreview>> {
+        let s = self.store.prune_reader().await?;
         let cuts = self.cuts(&s).await?;
         let got = s.prune_preview(&self.policy.defaults, &cuts).await?;
         s.finish().await?;
-        Ok(Some(got))
+        Ok(got)
     }
 
     /// Waits the pause between two batches; false when cancelled.

@@ -49,7 +49,7 @@ pub async fn run(args: PruneArgs, config: Config) -> Result<()> {
         )
     };
     if args.dry_run {
-        let rows = pruner.preview().await?.ok_or_else(busy)?;
+        let rows = pruner.preview().await?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);
             return Ok(());
