@@ -177,27 +177,23 @@ impl Pruner {
         Ok(report)
     }
 
-    /// Poison messages, stopped workers, spent grants, orphan attempt rows.
+    /// Poison messages, stopped workers, spent grants (each batch by batch), then one batch
+    /// of orphan attempt rows.
     async fn prune_rest(
         &self,
         s: &PruneSession,
         cancel: &CancellationToken,
         report: &mut PruneReport,
     ) -> Result<()> {
-        let (p, batch) = (&self.policy, self.policy.batch);
-        let limit = u64::try_from(batch).unwrap_or(0);
-        for table in 0..3 {
+        let limit = u64::try_from(self.policy.batch).unwrap_or(0);
+        for table in [Rest::Poison, Rest::Workers, Rest::FlowGrants] {
             loop {
-                let n = match table {
-                    0 => s.prune_poison(p.keep_dead, batch).await?,
-                    1 => s.prune_workers(p.keep_workers, batch).await?,
-                    _ => s.prune_flow_grants(batch).await?,
-                };
-                *[
-                    &mut report.poison,
-                    &mut report.workers,
-                    &mut report.flow_grants,
-                ][table] += n;
+                let n = self.rest_batch(s, table).await?;
+                *match table {
+                    Rest::Poison => &mut report.poison,
+                    Rest::Workers => &mut report.workers,
+                    Rest::FlowGrants => &mut report.flow_grants,
+                } += n;
                 if n < limit {
                     break;
                 }
@@ -208,10 +204,28 @@ impl Pruner {
             }
         }
         report.orphan_attempts = s
-            .prune_attempt_orphans(p.keep_dead, ORPHANS_PER_ROUND)
+            .prune_attempt_orphans(self.policy.keep_dead, ORPHANS_PER_ROUND)
             .await?;
         Ok(())
     }
+
+    /// One batch of one of the other tables.
+    async fn rest_batch(&self, s: &PruneSession, table: Rest) -> Result<u64> {
+        let (p, batch) = (&self.policy, self.policy.batch);
+        match table {
+            Rest::Poison => s.prune_poison(p.keep_dead, batch).await,
+            Rest::Workers => s.prune_workers(p.keep_workers, batch).await,
+            Rest::FlowGrants => s.prune_flow_grants(batch).await,
+        }
+    }
+}
+
+/// The tables a round prunes after the jobs.
+#[derive(Clone, Copy)]
+enum Rest {
+    Poison,
+    Workers,
+    FlowGrants,
 }
 
 /// The supervised service: a round every `retention.every` (the first one `every` after
