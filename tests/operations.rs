@@ -230,7 +230,7 @@ async fn dlq_retry_brings_a_dead_job_to_completed_with_its_history() {
     let out = env.cli(&["dlq", "purge", "--older-than", "30d"]);
     assert!(text(&out).contains("deleted 0"), "{}", text(&out));
     worker.shutdown().await;
-    // An operator's own retention DELETE (docs/operations.md) takes the jobs' attempts
+    // A DELETE of jobs (the pruner's, an operator's own) takes the jobs' attempts
     // along (a trigger since attempts carry no foreign key), and only theirs.
     let attempts = "SELECT count(*) FROM job_attempts WHERE job_id IN ('bulk-1', 'bulk-2')";
     assert!(env.scalar(attempts).await >= 4, "each ran twice");

@@ -101,6 +101,7 @@ async fn every_service_of_a_worker_is_supervised_under_its_name() {
         Service::Janitor,
         Service::Heartbeat,
         Service::Cron,
+        Service::Pruner,
         Service::Api,
         Service::Metrics,
         Service::Dashboard,

@@ -14,8 +14,10 @@ use std::path::Path;
 use std::time::Duration;
 
 mod load;
+mod retention;
 mod values;
-pub use values::{Listen, ListenAddr, RateLimit};
+pub use retention::{Policy, QueueKeep, RetentionConfig, FINISHED};
+pub use values::{KeepFor, Listen, ListenAddr, RateLimit};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const DEFAULT_SCHEMA: &str = "jobwarden";
@@ -77,6 +79,8 @@ pub struct Config {
     /// Named cron schedules; every worker runs them, each fire is enqueued once.
     pub cron: BTreeMap<String, crate::cron::CronConfig>,
     pub dashboard: DashboardConfig,
+    /// How long finished jobs and rows are kept (pruned by one worker at a time).
+    pub retention: RetentionConfig,
 }
 
 /// The web dashboard a worker can serve. Off unless `listen` is set.
@@ -286,6 +290,12 @@ pub struct QueueConfig {
     #[serde(alias = "limit")]
     pub rate_limit: Option<RateLimit>,
     pub handler: Option<HandlerConfig>,
+    /// Override `[retention]` for this queue's finished jobs.
+    pub keep_completed: Option<KeepFor>,
+    pub keep_cancelled: Option<KeepFor>,
+    pub keep_dead: Option<KeepFor>,
+    /// At most this many finished jobs of this queue kept, newest first.
+    pub keep_count: Option<i64>,
 }
 
 impl Default for DatabaseConfig {
@@ -360,6 +370,10 @@ impl Default for QueueConfig {
             global_concurrency: None,
             rate_limit: None,
             handler: None,
+            keep_completed: None,
+            keep_cancelled: None,
+            keep_dead: None,
+            keep_count: None,
         }
     }
 }
@@ -371,8 +385,9 @@ pub struct ConfigErrors(pub Vec<String>);
 
 /// Top-level sections an environment variable may set (others, like
 /// `JOBWARDEN_TEST_DATABASE_URL` or `JOBWARDEN_CONFIG`, are not configuration).
-const ENV_SECTIONS: [&str; 7] = [
+const ENV_SECTIONS: [&str; 8] = [
     "database",
+    "retention",
     "nats",
     "worker",
     "handler",
@@ -484,6 +499,7 @@ impl Config {
         self.check_worker_identity_and_ports(&mut errs);
         self.check_database(&mut errs);
         self.check_nats(&mut errs);
+        self.check_retention(&mut errs);
         if require_queues && self.queues.is_empty() {
             errs.push(
                 "no queues configured; add at least one [queues.<name>] section \
@@ -548,6 +564,8 @@ impl Config {
             ("worker.sweep_every", w.sweep_every),
             ("worker.scheduler_every", w.scheduler_every),
             ("worker.drained_exit_after", w.drained_exit_after),
+            ("retention.pause", self.retention.pause),
+            ("retention.every", self.retention.every),
         ] {
             if d.is_zero() {
                 errs.push(format!(
@@ -1716,6 +1734,10 @@ mod tests {
         assert_eq!(
             json(to_value(&example.worker)),
             json(to_value(&defaults.worker))
+        );
+        assert_eq!(
+            json(to_value(&example.retention)),
+            json(to_value(&defaults.retention))
         );
     }
 }

@@ -63,7 +63,7 @@ impl fmt::Display for Listen {
     }
 }
 
-text_form!(ListenAddr, Listen, RateLimit);
+text_form!(ListenAddr, Listen, RateLimit, KeepFor);
 
 impl Listen {
     /// The address, unless the listener is off.
@@ -129,6 +129,52 @@ impl fmt::Display for RateLimit {
     }
 }
 
+/// How long a finished row is kept before the pruner deletes it (`retention.keep_*`), e.g.
+/// `"7d"`: from [`KeepFor::SHORTEST`] to ten years.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct KeepFor(pub Duration);
+
+impl KeepFor {
+    /// The shortest keep. A job must outlive every redelivery of its message (ack_wait,
+    /// 10 min by default) and the stream's duplicate window: a message that arrives after
+    /// its job was pruned makes the job again and runs it again.
+    pub const SHORTEST: Duration = Duration::from_secs(3600);
+}
+
+impl FromStr for KeepFor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let form = "write an age of at least 1h, e.g. \"7d\", \"36h\" or \"30d\"";
+        let d = humantime::parse_duration(text.trim())
+            .map_err(|_| format!("{text:?} is not an age: {form}"))?;
+        if d < KeepFor::SHORTEST {
+            return Err(format!(
+                "{text:?} is shorter than 1h: a job pruned sooner could be made again and run \
+                 again by a late redelivery of its message; {form}"
+            ));
+        }
+        if d > super::MAX_DURATION {
+            return Err(format!("{text:?} is longer than 3650 days; {form}"));
+        }
+        Ok(KeepFor(d))
+    }
+}
+
+impl fmt::Display for KeepFor {
+    /// In whole days or hours when it is some ("90d", not humantime's "2months 29days 2h
+    /// 52m 48s", whose months are 30.44 days).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        match (secs % 86_400, secs % 3600, nanos) {
+            (0, _, 0) => write!(f, "{}d", secs / 86_400),
+            (_, 0, 0) => write!(f, "{}h", secs / 3600),
+            _ => f.write_str(&super::fmt_dur(self.0)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +201,31 @@ mod tests {
         );
         let e = "on".parse::<Listen>().unwrap_err();
         assert!(e.ends_with("or \"off\""), "{e}");
+    }
+
+    #[test]
+    fn keep_ages_parse_print_back_or_say_the_right_form() {
+        let k: KeepFor = "7d".parse().unwrap();
+        assert_eq!(k.0, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(k.to_string(), "7d");
+        for (text, shown) in [("90d", "90d"), ("36h", "36h"), ("1h 30m", "1h 30m")] {
+            let k: KeepFor = text.parse().unwrap();
+            assert_eq!(
+                (k.to_string().as_str(), k.to_string().parse()),
+                (shown, Ok(k))
+            );
+        }
+        assert_eq!(k.to_string().parse::<KeepFor>(), Ok(k));
+        let e = "a week".parse::<KeepFor>().unwrap_err();
+        assert!(
+            e.contains("\"a week\" is not an age") && e.contains("\"7d\""),
+            "{e}"
+        );
+        let e = "0s".parse::<KeepFor>().unwrap_err();
+        assert!(e.contains("shorter than 1h"), "{e}");
+        assert!("-1d".parse::<KeepFor>().is_err());
+        assert!("3651d".parse::<KeepFor>().is_err());
+        assert_eq!("1h".parse::<KeepFor>().unwrap().0, KeepFor::SHORTEST);
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub(crate) struct Metrics {
     wait: Family<QueueLabel, Histogram, fn() -> Histogram>,
     flow_waits: Family<QueueLabel, Counter>,
     expired: Family<QueueLabel, Counter>,
+    /// Finished jobs the pruner deleted on this worker, by queue and status.
+    pruned: Family<QueueStatus, Counter>,
+    /// How long this worker's last retention round took.
+    prune_round: Gauge<f64, AtomicU64>,
 }
 
 /// One queue's handles: bumping them is an atomic add (a short lock for histograms).
@@ -104,6 +108,8 @@ impl Metrics {
             wait: Family::new_with_constructor(seconds_histogram),
             flow_waits: Family::default(),
             expired: Family::default(),
+            pruned: Family::default(),
+            prune_round: Gauge::default(),
         }
     }
 
@@ -112,6 +118,21 @@ impl Metrics {
         self.expired.get_or_create_owned(&QueueLabel {
             queue: queue.to_string(),
         })
+    }
+
+    /// `n` jobs of `queue` and `status` pruned.
+    pub fn pruned(&self, queue: &str, status: &str, n: u64) {
+        self.pruned
+            .get_or_create(&QueueStatus {
+                queue: queue.to_string(),
+                status: status.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// A retention round this worker ran took `took`.
+    pub fn prune_round(&self, took: Duration) {
+        self.prune_round.set(took.as_secs_f64());
     }
 
     pub fn queue(&self, queue: &str) -> QueueMetrics {
@@ -194,6 +215,17 @@ pub(crate) async fn render(shared: &Shared) -> String {
         "rate_limit_waits",
         "Pull rounds that waited for a cluster-wide cap or rate limit, by queue",
         m.flow_waits.clone(),
+    );
+    r.register(
+        "pruned",
+        "Finished jobs this worker's retention rounds deleted, by queue and status",
+        m.pruned.clone(),
+    );
+    r.register_with_unit(
+        "prune_last_round",
+        "How long this worker's last retention round took (0 until it ran one)",
+        Unit::Seconds,
+        m.prune_round.clone(),
     );
     let in_flight = Family::<QueueLabel, Gauge>::default();
     for q in shared.queues.keys() {

@@ -40,6 +40,7 @@ mod nats_watch;
 mod outage;
 mod outbound;
 mod producer;
+pub mod pruner;
 mod reconciler;
 mod rescuer;
 mod rollup;
@@ -749,6 +750,12 @@ fn spawn_background(
         None,
         bc.clone(),
         cron::CronService::new(sh.clone()).run(bc.clone()),
+    ));
+    background.spawn(sup.service(
+        Service::Pruner,
+        None,
+        bc.clone(),
+        pruner::PrunerService::new(sh.clone()).run(bc.clone()),
     ));
     background.spawn(sup.service(
         Service::Janitor,

@@ -70,6 +70,8 @@ pub enum Service {
     Cron,
     /// Rolls finished work up per queue and minute (the statistics' source).
     Rollup,
+    /// Deletes finished rows whose keep is over (retention).
+    Pruner,
     /// The local API (progress reports, drain, probes).
     Api,
     /// The ops listener: `/metrics`, probes (and metrics refreshes).
@@ -86,7 +88,7 @@ pub enum Service {
 
 impl Service {
     /// Every service a fail point can name.
-    pub const ALL: [Service; 17] = [
+    pub const ALL: [Service; 18] = [
         Service::Producer,
         Service::Executor,
         Service::Completer,
@@ -98,6 +100,7 @@ impl Service {
         Service::Flow,
         Service::Cron,
         Service::Rollup,
+        Service::Pruner,
         Service::Api,
         Service::Metrics,
         Service::Dashboard,
@@ -119,6 +122,7 @@ impl Service {
             Service::Flow => "flow",
             Service::Cron => "cron",
             Service::Rollup => "rollup",
+            Service::Pruner => "pruner",
             Service::Api => "api",
             Service::Metrics => "metrics",
             Service::Dashboard => "dashboard",

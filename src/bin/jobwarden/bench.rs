@@ -71,9 +71,14 @@ pub struct BenchArgs {
     /// dead-letter list) on a table holding this many finished jobs (e.g. 10000000).
     #[arg(long)]
     pub history: Option<usize>,
+    /// Only the retention phase: seed this many finished jobs older than their keep, then
+    /// run a stream at the first --rate with retention on (pruning them) and off, and print
+    /// publish→start p50/p99 of both and how long the prune took.
+    #[arg(long)]
+    pub prune: Option<u64>,
 }
 
-fn now_micros() -> i64 {
+pub fn now_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
@@ -160,6 +165,9 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
     } else {
         None
     };
+    if let Some(n) = args.prune {
+        return crate::bench_prune::run(&base, &args, n).await;
+    }
     println!(
         "jobwarden bench: {} cores, PostgreSQL {}, NATS {}",
         std::thread::available_parallelism()
@@ -646,7 +654,7 @@ pub async fn provisioned(
 /// Publishes `n` plain-object jobs carrying their publish time; paced at `rate`/s if given
 /// (publish acks are awaited while there is time before the next one is due, so the pace
 /// holds at high rates).
-async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) -> Result<()> {
+pub async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) -> Result<()> {
     let started = Instant::now();
     let mut acks: Vec<async_nats::jetstream::context::PublishAckFuture> = Vec::with_capacity(1024);
     for i in 0..n {
@@ -777,7 +785,7 @@ async fn worker_process(
     Ok(())
 }
 
-async fn wait_completed(stats: &Stats, n: u64, limit: Duration) -> Result<()> {
+pub async fn wait_completed(stats: &Stats, n: u64, limit: Duration) -> Result<()> {
     let started = Instant::now();
     while Stats::get(&stats.completed) < n {
         if started.elapsed() > limit {

@@ -8,9 +8,11 @@
 
 mod bench;
 mod bench_history;
+mod bench_prune;
 mod bench_recovery;
 mod bulk;
 mod demo;
+mod prune;
 mod queues;
 mod testkit;
 
@@ -119,6 +121,9 @@ enum Command {
         #[command(subcommand)]
         command: queues::QueuesCommand,
     },
+    /// Retention: delete finished jobs whose keep is over now (one round, as the workers do
+    /// every retention.every), or see with --dry-run what would go.
+    Prune(prune::PruneArgs),
     /// Per-queue statistics (the job_stats view).
     Stats {
         #[arg(long)]
@@ -485,6 +490,10 @@ async fn real_main(cli: Cli) -> Result<()> {
             let config = Config::load_connections(path.as_deref())?;
             let store = Store::connect(&config.database).await?;
             queues::run(&store, command).await
+        }
+        Command::Prune(args) => {
+            let config = Config::load_connections(path.as_deref())?;
+            prune::run(args, config).await
         }
         Command::Stats { json } => {
             let config = Config::load_connections(path.as_deref())?;
