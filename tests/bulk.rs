@@ -230,8 +230,8 @@ async fn a_named_admin_acts_in_bulk_from_the_dashboard_after_a_count() {
          [dashboard.admin_tokens]\nalice = \"alice-0123456789abcdef\"\n"
     ))
     .await;
-    seed(&env, "email", "queued", "m-", 12, "1 minute").await;
-    // (The seeded rows have no message in the stream: the worker never starts them here.)
+    seed(&env, "email", "scheduled", "m-", 12, "1 minute").await;
+    // (Scheduled an hour ahead: the worker never starts them here.)
     let h = jobwarden::handler::from_fn(|_job| async { Ok(None) });
     let worker = env.worker(&[("h", h)]).await;
     let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
@@ -259,7 +259,7 @@ async fn a_named_admin_acts_in_bulk_from_the_dashboard_after_a_count() {
     let form = |expect: Option<i64>| {
         let mut f = vec![
             ("action", "cancel".to_string()),
-            ("status", "queued".to_string()),
+            ("status", "scheduled".to_string()),
             ("queue", "email".to_string()),
             ("q", String::new()),
             ("since", "1h".to_string()),
@@ -279,13 +279,13 @@ async fn a_named_admin_acts_in_bulk_from_the_dashboard_after_a_count() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#"data-matched="12""#), "{body}");
     assert!(body.contains(r#"name="expect" value="12""#), "{body}");
-    assert_eq!(statuses(&env, "m-%").await, vec![("queued".into(), 12)]);
+    assert_eq!(statuses(&env, "m-%").await, vec![("scheduled".into(), 12)]);
     // Confirmed for 5: five go, however many match.
     let (status, body) = post(form(Some(5)), alice).await;
     assert_eq!(status, 303, "{body}");
     assert_eq!(
         statuses(&env, "m-%").await,
-        vec![("cancelled".into(), 5), ("queued".into(), 7)]
+        vec![("cancelled".into(), 5), ("scheduled".into(), 7)]
     );
     let by: String = env
         .store
@@ -308,7 +308,7 @@ async fn a_named_admin_acts_in_bulk_from_the_dashboard_after_a_count() {
     let (status, body) = post(wrong, alice).await;
     assert_eq!(status, 400, "{body}");
     assert!(
-        body.contains("a bulk retry takes dead jobs, not queued"),
+        body.contains("a bulk retry takes dead jobs, not scheduled"),
         "{body}"
     );
     assert_eq!(env.scalar("SELECT count(*) FROM bulk_actions").await, 1);
