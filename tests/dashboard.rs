@@ -1150,13 +1150,7 @@ async fn charts_draw_the_last_hour_and_day_from_the_rollup() {
         )
         .await
         .unwrap();
-    let h = from_fn(|job| async move {
-        match job.payload["kind"].as_str() {
-            Some("flaky") if job.attempt == 1 => Err(JobError::retry("try again")),
-            Some("bad") => Err(JobError::permanent("bad input")),
-            _ => Ok(None),
-        }
-    });
+    let h = common::by_kind();
     let worker = env.worker(&[("h", h)]).await;
     let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
     // And now: 8 completed (2 after a retry), 1 dead.

@@ -6,7 +6,6 @@
 mod common;
 
 use common::{wait_for, TestEnv};
-use jobwarden::handler::{from_fn, JobError};
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
@@ -47,13 +46,7 @@ async fn rolled(env: &TestEnv, queue: &str) -> (i64, i64, i64, i64) {
 #[tokio::test]
 async fn every_finished_job_is_rolled_up_once_and_stats_read_the_rollup_not_the_rows() {
     let env = TestEnv::new(WORK).await;
-    let h = from_fn(|job| async move {
-        match job.payload["kind"].as_str() {
-            Some("flaky") if job.attempt == 1 => Err(JobError::retry("try again")),
-            Some("bad") => Err(JobError::permanent("bad input")),
-            _ => Ok(None),
-        }
-    });
+    let h = common::by_kind();
     let worker = env.worker(&[("h", h)]).await;
     let kinds = [
         "ok", "ok", "flaky", "bad", "ok", "flaky", "ok", "bad", "ok", "ok",

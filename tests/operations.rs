@@ -354,13 +354,7 @@ async fn stats_and_views_agree_with_the_jobs_table() {
          handler = { kind = \"rust\", name = \"h\" }\n",
     )
     .await;
-    let h = from_fn(|job| async move {
-        match job.payload["kind"].as_str() {
-            Some("flaky") if job.attempt == 1 => Err(JobError::retry("try again")),
-            Some("bad") => Err(JobError::permanent("bad input")),
-            _ => Ok(None),
-        }
-    });
+    let h = common::by_kind();
     let worker = env.worker(&[("h", h)]).await;
     for i in 0..6 {
         let kind = ["ok", "ok", "ok", "flaky", "bad", "ok"][i];

@@ -719,3 +719,17 @@ pub fn text(o: &std::process::Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// A handler that does what the payload's `kind` says: `flaky` fails its first attempt (a
+/// retry), `bad` fails for good (dead), anything else completes.
+pub fn by_kind() -> Arc<dyn Handler> {
+    jobwarden::handler::from_fn(|job| async move {
+        match job.payload["kind"].as_str() {
+            Some("flaky") if job.attempt == 1 => {
+                Err(jobwarden::handler::JobError::retry("try again"))
+            }
+            Some("bad") => Err(jobwarden::handler::JobError::permanent("bad input")),
+            _ => Ok(None),
+        }
+    })
+}
