@@ -194,8 +194,12 @@ async fn default_priority_jobs_overtake_a_lower_band_backlog_and_none_is_lost() 
     let last = order.iter().rposition(|p| *p == 5).unwrap();
     let overtaking = order[first..last].iter().filter(|p| **p == 8).count();
     println!("band-8 jobs started between the first and last bare job: {overtaking}");
+    // Promised to the backlog when the bare jobs arrive: the jobs claimed ahead of a slot (a
+    // claim group of 4 per claim in flight, 2 in flight: 8), and one group whose pull or
+    // claim was already on its way (4 more; seen once in a full run on a loaded machine: 9).
+    // Of the 2000 band-8 jobs, every other one waits.
     assert!(
-        overtaking <= 8,
+        overtaking <= 12,
         "{overtaking} band-8 jobs started while bare jobs waited: {:?}",
         &order[first..=last]
     );
