@@ -181,7 +181,7 @@ impl Store {
             left -= ids.len() as i64;
             changed += match action {
                 BulkAction::Cancel => {
-                    let st = c.prepare_cached(sql::BULK_CANCEL).await?;
+                    let st = c.prepare_cached(sql::JOB_CANCEL).await?;
                     c.query(&st, &[&ids, &reason]).await?.len() as i64
                 }
                 BulkAction::Retry => self.job_retry_dead(Some(&ids), None).await?.len() as i64,

@@ -131,8 +131,11 @@ impl Store {
     pub async fn job_cancel(&self, id: &str) -> Result<Option<JobStatus>> {
         let c = self.raw().await?;
         let st = c.prepare_cached(sql::JOB_CANCEL).await?;
-        let row = c.query_opt(&st, &[&id]).await?;
-        Ok(row.and_then(|r| JobStatus::parse(r.get(0))))
+        let ids = [id];
+        let row = c
+            .query_opt(&st, &[&&ids[..], &"cancelled by an operator"])
+            .await?;
+        Ok(row.and_then(|r| JobStatus::parse(r.get(1))))
     }
 
     /// Ends at most `limit` queued or scheduled jobs whose expiry has passed (`cancelled`,
