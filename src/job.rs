@@ -121,6 +121,8 @@ pub struct NewJob {
     /// Not started by this instant (Unix ms), it never runs: `expires_at_ms`, or
     /// `expires_in` counted from when the stream stored the message.
     pub expires_at_ms: Option<i64>,
+    /// The job's key (per-key limits, fair turns): `key`, or the queue's `key_from`.
+    pub key: Option<String>,
 }
 
 impl NewJob {
@@ -139,6 +141,7 @@ impl NewJob {
             backoff: None,
             then: None,
             expires_at_ms: None,
+            key: None,
         }
     }
 
@@ -304,6 +307,7 @@ pub fn decode(
             spec.expires_in_ms
                 .map(|ms| stored_ms(origin).saturating_add(ms))
         }),
+        key: None,
     })
 }
 

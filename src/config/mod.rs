@@ -289,6 +289,14 @@ pub struct QueueConfig {
     /// Starts of this queue's jobs per window across every worker, e.g. "100/1m".
     #[serde(alias = "limit")]
     pub rate_limit: Option<RateLimit>,
+    /// Jobs of one key (`key`) running at once across every worker (none by default). The
+    /// queue's jobs are then parked in PostgreSQL as they arrive and started within their
+    /// keys' limits: one key's backlog never holds up another key's jobs.
+    pub key_concurrency: Option<u32>,
+    /// Free slots go round the keys that have work, in turn (weighted by `key_limits`),
+    /// instead of in publish order: a key with ten jobs is not held up by a key with ten
+    /// thousand.
+    pub fair_by_key: bool,
     pub handler: Option<HandlerConfig>,
     /// Override `[retention]` for this queue's finished jobs.
     pub keep_completed: Option<KeepFor>,
@@ -357,6 +365,25 @@ impl Default for WorkerConfig {
     }
 }
 
+/// How a keyed queue parks and takes its jobs, as this worker declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRules {
+    /// At most this many jobs of one key run at once across all workers (`None`: no limit).
+    pub concurrency: Option<u32>,
+    /// Turns go round the keys with work (else publish order).
+    pub fair: bool,
+}
+
+impl QueueConfig {
+    /// How the queue parks and takes its jobs by key (`None`: it is not keyed).
+    pub fn key_rules(&self) -> Option<KeyRules> {
+        (self.key_concurrency.is_some() || self.fair_by_key).then_some(KeyRules {
+            concurrency: self.key_concurrency,
+            fair: self.fair_by_key,
+        })
+    }
+}
+
 impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
@@ -369,6 +396,8 @@ impl Default for QueueConfig {
             fair_every: 0,
             global_concurrency: None,
             rate_limit: None,
+            key_concurrency: None,
+            fair_by_key: false,
             handler: None,
             keep_completed: None,
             keep_cancelled: None,
@@ -770,6 +799,38 @@ impl Config {
         }
     }
 
+    /// A queue's per-key settings.
+    fn check_keys(name: &str, q: &QueueConfig, errs: &mut Vec<String>) {
+        match q.key_concurrency {
+            Some(0) => errs.push(format!(
+                "queues.{name}.key_concurrency (0) must be at least 1 (leave it out for no \
+                 per-key limit), e.g. key_concurrency = 2"
+            )),
+            Some(n) if n > 1_000_000 => errs.push(format!(
+                "queues.{name}.key_concurrency ({n}) must be at most 1000000 (leave it out for \
+                 no per-key limit)"
+            )),
+            _ => {}
+        }
+        if q.key_rules().is_some() && (q.global_concurrency.is_some() || q.rate_limit.is_some()) {
+            let keyed = if q.key_concurrency.is_some() {
+                "key_concurrency"
+            } else {
+                "fair_by_key"
+            };
+            let global = if q.global_concurrency.is_some() {
+                "global_concurrency"
+            } else {
+                "rate_limit"
+            };
+            errs.push(format!(
+                "queues.{name}: {keyed} and {global} cannot be set together yet (a keyed \
+                 queue's jobs start from PostgreSQL, where the queue-wide limits do not apply \
+                 yet); use one of them, or two queues"
+            ));
+        }
+    }
+
     /// One `[queues.<name>]` section.
     fn check_queue(&self, name: &str, q: &QueueConfig, errs: &mut Vec<String>) {
         if let Err(e) = crate::job::validate_queue_name(name) {
@@ -787,6 +848,7 @@ impl Config {
                  no cluster-wide cap), e.g. global_concurrency = 3"
             ));
         }
+        Self::check_keys(name, q, errs);
         if q.fair_every == 1 || q.fair_every > 1000 {
             errs.push(format!(
                 "queues.{name}.fair_every ({}) must be 0 (strict priorities) or from 2 to \

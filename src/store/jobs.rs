@@ -114,6 +114,27 @@ fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
     }
 }
 
+/// The answer rows of `job_claim.sql` (or `job_intake.sql`, which answers alike), one per
+/// input at its position.
+pub(super) fn claim_answer(rows: Vec<tokio_postgres::Row>, batch: &[ClaimInput]) -> ClaimAnswer {
+    let mut claims = vec![Claim::Duplicate; batch.len()];
+    let (mut alive, mut paused) = (true, false);
+    for r in rows {
+        let idx = r.get::<_, i64>(0) as usize - 1;
+        alive = r.get(1);
+        paused = r.get(14);
+        if !r.get::<_, bool>(2) {
+            continue; // no row: inserted concurrently elsewhere (or not alive)
+        }
+        claims[idx] = claim_of(&r, &batch[idx].job.queue);
+    }
+    ClaimAnswer {
+        alive,
+        paused,
+        claims,
+    }
+}
+
 impl Store {
     /// Claims a batch of delivered jobs in one statement, as `worker_id`, with the stale
     /// deadline `stale_after` and the default expiry `expire_after` (the queue's, as this
@@ -129,22 +150,7 @@ impl Store {
         let rows = self
             .claim_rows(sql, worker_id, stale_after, batch, Some(expire_after))
             .await?;
-        let mut claims = vec![Claim::Duplicate; batch.len()];
-        let (mut alive, mut paused) = (true, false);
-        for r in rows {
-            let idx = r.get::<_, i64>(0) as usize - 1;
-            alive = r.get(1);
-            paused = r.get(14);
-            if !r.get::<_, bool>(2) {
-                continue; // no row: inserted concurrently elsewhere (or not alive)
-            }
-            claims[idx] = claim_of(&r, &batch[idx].job.queue);
-        }
-        Ok(ClaimAnswer {
-            alive,
-            paused,
-            claims,
-        })
+        Ok(claim_answer(rows, batch))
     }
 
     /// The claim's common case (`job_claim_new.sql`): inserts the rows of the batch's new

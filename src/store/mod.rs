@@ -12,6 +12,7 @@ mod dashboard;
 mod flow;
 mod inspect;
 mod jobs;
+mod keyflow;
 mod liveness;
 mod messages;
 mod ops;
@@ -31,6 +32,7 @@ pub use dashboard::{
 };
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
+pub use keyflow::Taken;
 pub use liveness::{Reclaimed, Registration, StreamBounds};
 pub use messages::{InvalidRow, UnservedRow, PUBLISH_RETRY};
 pub use ops::{QueueStats, WorkerRow};

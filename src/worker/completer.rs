@@ -10,11 +10,12 @@
 //! writes a single job at once.
 
 use super::outage::Outage;
+use super::outbound::JobAck;
 use super::{QueuePolicy, Shared, Stats};
 use crate::backoff::{settle, Outcome, Settlement};
 use crate::job::JobStatus;
 use crate::store::SettleInput;
-use async_nats::jetstream::{message::Acker, AckKind};
+use async_nats::jetstream::AckKind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -44,7 +45,7 @@ pub struct Finished {
     pub attempt: u32,
     pub max_attempts: u32,
     pub outcome: Outcome,
-    pub acker: Arc<Acker>,
+    pub acker: JobAck,
     /// The job's own backoff, overriding the queue's.
     pub backoff: Option<crate::backoff::Backoff>,
     pub elapsed: Duration,
@@ -58,7 +59,7 @@ impl Finished {
         policy: Arc<QueuePolicy>,
         lease: i64,
         (attempt, max_attempts): (u32, u32),
-        acker: Arc<Acker>,
+        acker: JobAck,
     ) -> Finished {
         Finished {
             id,
@@ -216,7 +217,7 @@ impl Completer {
                 m.released.inc();
                 // Not a run time (stopped by the shutdown): left out of the histogram.
                 info!(job.id = %f.id, %queue, "job released (attempt not counted)");
-                shared.outbound.ack(&f.acker, AckKind::Nak(None));
+                shared.outbound.ack_job(&f.acker, AckKind::Nak(None));
                 continue;
             }
             m.duration.observe(f.elapsed.as_secs_f64());
@@ -238,7 +239,7 @@ impl Completer {
             }
             // The row is settled; an ack that never arrives means a redelivery that finds it
             // terminal or scheduled.
-            shared.outbound.ack(&f.acker, AckKind::Ack);
+            shared.outbound.ack_job(&f.acker, AckKind::Ack);
         }
         done
     }

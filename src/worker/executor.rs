@@ -121,7 +121,7 @@ pub(crate) async fn execute(
                     });
                 }
                 _ = keepalive.tick() => {
-                    shared.outbound.ack(&attempt.acker, AckKind::Progress);
+                    shared.outbound.ack_job(&attempt.acker, AckKind::Progress);
                 }
             }
         }
@@ -219,7 +219,7 @@ pub(crate) async fn report_progress(
     match written {
         Ok(()) => {
             shared.progress_outage.lock().expect("outage lock").ok();
-            shared.outbound.ack(&acker, AckKind::Progress);
+            shared.outbound.ack_job(&acker, AckKind::Progress);
             Ok(())
         }
         Err(StoreError::LostOwnership { .. }) => {
@@ -240,7 +240,7 @@ pub(crate) async fn report_progress(
                 .lock()
                 .expect("outage lock")
                 .failed(&cause);
-            shared.outbound.ack(&acker, AckKind::Progress);
+            shared.outbound.ack_job(&acker, AckKind::Progress);
             Ok(())
         }
     }

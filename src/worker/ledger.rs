@@ -24,9 +24,9 @@
 //! in, and the heartbeat judges a job missing from the ledger only once every claim that
 //! could have committed it has been taken in ([`Ledger::claims_taken_in`]).
 
+use super::outbound::JobAck;
 use super::QueuePolicy;
 use crate::handler::{AttemptControl, Stop};
-use async_nats::jetstream::message::Acker;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -52,7 +52,7 @@ struct Entry {
     lease: i64,
     state: State,
     policy: Arc<QueuePolicy>,
-    acker: Arc<Acker>,
+    acker: JobAck,
     control: Arc<AttemptControl>,
 }
 
@@ -60,7 +60,7 @@ struct Entry {
 #[derive(Clone)]
 pub(crate) struct Attempt {
     pub policy: Arc<QueuePolicy>,
-    pub acker: Arc<Acker>,
+    pub acker: JobAck,
     pub control: Arc<AttemptControl>,
 }
 
@@ -135,7 +135,7 @@ impl Ledger {
         id: &str,
         lease: i64,
         policy: Arc<QueuePolicy>,
-        acker: Arc<Acker>,
+        acker: JobAck,
         control: Arc<AttemptControl>,
     ) -> Attempt {
         let entry = Entry {
@@ -164,7 +164,7 @@ impl Ledger {
 
     /// **progressed**: a progress report for attempt `(id, lease)`; its acker (for the
     /// in-progress ack) and policy, or `None` when that attempt does not run here (any more).
-    pub fn progressed(&self, id: &str, lease: i64) -> Option<(Arc<Acker>, Arc<QueuePolicy>)> {
+    pub fn progressed(&self, id: &str, lease: i64) -> Option<(JobAck, Arc<QueuePolicy>)> {
         self.lock()
             .get(id)
             .filter(|e| e.lease == lease && e.state == State::Running)
@@ -279,16 +279,9 @@ mod tests {
     use crate::handler::from_fn;
     use std::time::Duration;
 
-    /// A policy and an acker for ledger entries (the acker's client never connects: nothing
-    /// here acks).
-    async fn parts() -> (Arc<QueuePolicy>, Arc<Acker>) {
-        let client = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect("nats://127.0.0.1:1")
-            .await
-            .unwrap();
-        let acker = Arc::new(Acker::new(async_nats::jetstream::new(client), None));
-        (policy("q"), acker)
+    /// A policy and an acker for ledger entries (none: nothing here acks).
+    async fn parts() -> (Arc<QueuePolicy>, JobAck) {
+        (policy("q"), None)
     }
 
     fn policy(name: &str) -> Arc<QueuePolicy> {
@@ -303,6 +296,7 @@ mod tests {
             fair_every: 0,
             global_cap: None,
             rate: None,
+            keys: None,
             handler: from_fn(|_| async { Ok(None) }),
             metrics: crate::worker::metrics::Metrics::new().queue(name),
             paused: Default::default(),

@@ -182,6 +182,10 @@ pub(crate) struct QueuePolicy {
     pub global_cap: Option<u32>,
     /// Starts per window across every worker.
     pub rate: Option<crate::config::RateLimit>,
+    /// A keyed queue (`key_concurrency`, `fair_by_key`): its jobs are parked in PostgreSQL
+    /// as they arrive and its slots take them within their keys' limits (`None`: the queue
+    /// runs its messages' jobs as they come).
+    pub keys: Option<crate::config::KeyRules>,
     pub handler: Arc<dyn Handler>,
     pub metrics: metrics::QueueMetrics,
     /// The queue is paused (`queue_pauses`, as last read by the scheduler or answered by a
@@ -414,6 +418,7 @@ impl Worker {
                     fair_every: q.fair_every,
                     global_cap: q.global_concurrency,
                     rate: q.rate_limit,
+                    keys: q.key_rules(),
                     handler,
                     metrics: metrics.queue(name),
                     paused: AtomicBool::new(false),

@@ -19,6 +19,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
+/// The message a job came by, to ack when it is settled (and to mark in progress while it
+/// runs); `None` for a job a keyed queue took from PostgreSQL, which has none (its message
+/// was acked when the job was parked).
+pub(crate) type JobAck = Option<Arc<Acker>>;
+
 /// Items waiting to be sent.
 const QUEUE: usize = 16_384;
 /// Longest one send may wait for the client (it blocks while disconnected with a full buffer).
@@ -58,6 +63,13 @@ impl Outbound {
     /// Acks (or naks, or marks in progress) a delivery, in the background.
     pub fn ack(&self, acker: &Arc<Acker>, kind: AckKind) {
         self.push(Out::Ack(acker.clone(), kind));
+    }
+
+    /// Acks (or naks, or marks in progress) a job's message, if it came by one.
+    pub fn ack_job(&self, acker: &JobAck, kind: AckKind) {
+        if let Some(a) = acker {
+            self.ack(a, kind);
+        }
     }
 
     /// Publishes a core NATS event (not into the work stream), in the background.

@@ -6,12 +6,13 @@
 -- (no sequence), its sequence was delivered or purged (a live fetcher would have claimed
 -- it), lies beyond the stream's end, or belongs to an earlier incarnation of the stream.
 -- Such jobs become `scheduled` now, so the scheduler republishes them with a new message id.
+-- A keyed queue's parked jobs (schema version 21) have no message by design: never lost.
 -- This works under any backlog: messages still waiting in the stream are never touched.
 -- $1 queue; $2 deadline (ms); $3 limit; $4 highest sequence delivered or purged;
 -- $5 the stream's last sequence; $6 the stream's creation time; $7 the lane's priority.
 WITH lost AS (
     SELECT id FROM jobs
-    WHERE status = 'queued' AND queue = $1 AND priority = $7::int2
+    WHERE status = 'queued' AND queue = $1 AND priority = $7::int2 AND NOT parked
       AND updated_at < now() - $2::int8 * interval '1 millisecond'
       AND (stream_seq IS NULL OR stream_seq <= $4 OR stream_seq > $5 OR updated_at < $6)
     LIMIT $3

@@ -93,9 +93,20 @@ impl Producer {
         };
         let stale = self.policy.stale_after;
         let expire = self.policy.expire_after;
+        let keys = self.policy.keys;
         self.pending.push(
             async move {
-                let answer = claim(&shared, (stale, expire), &group.inputs, &group.known).await;
+                let answer = match keys {
+                    Some(rules) => {
+                        let seqs: Vec<i64> = group
+                            .messages
+                            .iter()
+                            .map(|d| d.seq.min(i64::MAX as u64) as i64)
+                            .collect();
+                        intake(&shared, rules, expire, &group.inputs, &seqs).await
+                    }
+                    None => claim(&shared, (stale, expire), &group.inputs, &group.known).await,
+                };
                 ClaimDone { group, answer }
             }
             .boxed(),
@@ -116,6 +127,10 @@ impl Producer {
             sent,
         } = group;
         self.claiming -= messages.len();
+        // A keyed queue's group was parked: its slots may take them now.
+        if let Some(k) = self.keyed.as_mut() {
+            k.nudge();
+        }
         match answer.health {
             Some(Ok(())) => self.claims.ok(),
             Some(Err(cause)) => {
@@ -239,7 +254,7 @@ impl Producer {
                     &id,
                     lease,
                     self.policy.clone(),
-                    d.acker(),
+                    Some(d.acker()),
                     Arc::new(control),
                 );
                 let attempts = (attempt.max(1) as u32, max_attempts.max(1) as u32);

@@ -45,6 +45,7 @@ mod consumers;
 mod decode;
 mod delivered;
 mod intake;
+mod keyed;
 mod pulls;
 mod rejected;
 mod slots;
@@ -52,6 +53,7 @@ mod statement;
 
 use claim::*;
 use decode::*;
+use keyed::*;
 use pulls::*;
 use rejected::*;
 use slots::*;
@@ -169,6 +171,8 @@ pub(crate) struct Producer {
     pulls_sent: u64,
     /// Grants of a queue with a cluster-wide cap or rate limit.
     flow: Option<Flow>,
+    /// A keyed queue's take state (`None`: the queue runs its messages' jobs as they come).
+    keyed: Option<Keyed>,
     /// The lane watched by a [`PullKind::Watch`] while it is idle (the bare subject's; none
     /// under a cap or rate limit, where slots follow grants): the others have doorbells.
     watched: Option<usize>,
@@ -200,7 +204,13 @@ impl Producer {
             .filter(|_| flow.is_none());
         let name = policy.name.clone();
         let w = &shared.config.worker;
-        let batch_cap = w.claim_batch.min(policy.concurrency);
+        // A keyed queue's groups are parked, not run: they are not bounded by its slots.
+        let batch_cap = if policy.keys.is_some() {
+            w.claim_batch
+        } else {
+            w.claim_batch.min(policy.concurrency)
+        };
+        let keyed = policy.keys.map(|rules| Keyed::new(rules, &name));
         let pull_bytes = w.pull_max_bytes.max(shared.broker.max_payload() + 4096);
         Producer {
             pull_backoff: Duration::ZERO,
@@ -213,6 +223,7 @@ impl Producer {
             pull_bytes,
             refill_at: (batch_cap / 4).max(1),
             watched,
+            keyed,
             slots: Arc::new(Semaphore::new(policy.concurrency)),
             flow,
             shared,
@@ -239,6 +250,9 @@ impl Producer {
     /// Slots neither running a job nor promised to a claim in flight (or to a job claimed
     /// ahead), and while the queue's jobs are short one claim group more (see SHORT_JOB).
     fn free_slots(&self) -> usize {
+        if self.keyed.is_some() {
+            return self.intake_room();
+        }
         (self.slots.available_permits() + self.ahead()).saturating_sub(
             self.claiming + self.ready.len() + self.freed.waiting.load(Ordering::Acquire),
         )
@@ -253,6 +267,7 @@ impl Producer {
             .claim_batch
             .min(self.policy.concurrency);
         if self.flow.is_none()
+            && self.keyed.is_none()
             && !self.holding
             && self.freed.short_run.load(Ordering::Relaxed) >= group
         {
@@ -312,13 +327,28 @@ impl Producer {
                 .as_ref()
                 .and_then(|f| f.waiting_until())
                 .filter(|_| self.lanes.iter().any(|l| l.hot) || !self.held.is_empty());
+            if !fenced {
+                self.take_parked().await;
+            }
+            // A keyed queue with free slots takes again when due.
+            let take_at = self
+                .keyed
+                .as_ref()
+                .filter(|_| !fenced && self.slots.available_permits() > 0)
+                .map(Keyed::due_at);
             let mut got = Arrivals::default();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(self.pull_backoff), if !self.pull_backoff.is_zero() => {
                     self.pull_backoff = Duration::ZERO;
                 }
-                _ = self.freed.rung.notified() => {}
+                _ = self.freed.rung.notified() => {
+                    // A job ended: its key may have room again.
+                    if let Some(k) = self.keyed.as_mut() {
+                        k.nudge();
+                    }
+                }
+                _ = tokio::time::sleep_until(take_at.unwrap_or_else(Instant::now).into()), if take_at.is_some() => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
                 _ = tokio::time::sleep_until(hold_until.into()), if !self.held.is_empty() => {}
                 _ = tokio::time::sleep_until(flow_wait.unwrap_or_else(Instant::now).into()), if flow_wait.is_some() => {}

@@ -158,10 +158,25 @@ impl Producer {
         let shared = &self.shared;
         let stored_ns = d.stored_ns;
         let control = Arc::new(AttemptControl::new(shared.pacing.stop_grace(KILL_GRACE)));
-        let attempt =
-            shared
-                .ledger
-                .claimed(&job.id, job.lease, self.policy.clone(), d.acker(), control);
+        let attempt = shared.ledger.claimed(
+            &job.id,
+            job.lease,
+            self.policy.clone(),
+            Some(d.acker()),
+            control,
+        );
+        self.spawn_job(attempt, job, stored_ns);
+    }
+
+    /// Runs an owned job (in the ledger already) in its slot: at once when one is free, else
+    /// in the next to free. `stored_ns`: since when it waited (for the wait histogram).
+    pub(super) fn spawn_job(
+        &mut self,
+        attempt: crate::worker::ledger::Attempt,
+        job: Owned,
+        stored_ns: i128,
+    ) {
+        let shared = &self.shared;
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.freed.waiting.fetch_add(1, Ordering::AcqRel);

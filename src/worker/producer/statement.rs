@@ -133,9 +133,38 @@ pub(super) async fn claim_existing(
     (stale, expire): (Duration, Option<Duration>),
     inputs: &[ClaimInput],
 ) -> ClaimAnswer {
-    let store = &shared.store;
     let me = &shared.worker_id;
-    match store.job_claim(me, stale, expire, inputs).await {
+    let store = &shared.store;
+    one_statement(inputs, |part, _| store.job_claim(me, stale, expire, part)).await
+}
+
+/// A keyed queue's intake (`job_intake.sql`): parks the group's jobs, to be taken by the
+/// queue's slots within their keys' limits. `seqs`: the messages' stream sequences.
+pub(super) async fn intake(
+    shared: &Shared,
+    rules: crate::config::KeyRules,
+    expire: Option<Duration>,
+    inputs: &[ClaimInput],
+    seqs: &[i64],
+) -> ClaimAnswer {
+    let me = &shared.worker_id;
+    let store = &shared.store;
+    one_statement(inputs, |part, at| {
+        store.job_intake(me, expire, rules, &seqs[at..at + part.len()], part)
+    })
+    .await
+}
+
+/// Runs `statement` (the full claim, or a keyed queue's intake) for a group; when one
+/// message's data makes PostgreSQL reject the whole statement, runs it message by message
+/// (`statement(part, position of part[0])`) so only that one is refused, with PostgreSQL's
+/// reason; what committed meanwhile is kept whatever happens to the rest.
+async fn one_statement<'a, F, Fut>(inputs: &'a [ClaimInput], statement: F) -> ClaimAnswer
+where
+    F: Fn(&'a [ClaimInput], usize) -> Fut,
+    Fut: std::future::Future<Output = Result<crate::store::ClaimAnswer, crate::store::StoreError>>,
+{
+    match statement(inputs, 0).await {
         // Not registered: the statement wrote nothing, every message goes back.
         Ok(a) if !a.alive => {
             return ClaimAnswer::ran(false, inputs.iter().map(|_| Answer::NotTried).collect());
@@ -157,15 +186,12 @@ pub(super) async fn claim_existing(
     let mut health = None;
     // `alive`: still claiming; `registered`: the worker's row said it may.
     let (mut alive, mut registered) = (true, true);
-    for input in inputs {
+    for (at, input) in inputs.iter().enumerate() {
         if !alive {
             each.push(Answer::NotTried);
             continue;
         }
-        match store
-            .job_claim(me, stale, expire, std::slice::from_ref(input))
-            .await
-        {
+        match statement(std::slice::from_ref(input), at).await {
             Ok(a) if !a.alive => {
                 registered = false;
                 alive = false;

@@ -1,0 +1,157 @@
+-- jobwarden schema, version 21: per-key flow control (a queue's key_concurrency and
+-- fair_by_key; issue 31).
+--
+-- A keyed queue runs from PostgreSQL. Its producer pulls messages ahead of its free slots
+-- and parks their jobs here (`job_intake.sql`: status `queued`, `parked`), acking the
+-- messages once the rows are committed; its slots then take parked jobs (`job_take()`),
+-- within each key's limit and in turn order, so one key's backlog never stands in front of
+-- another key's jobs, and a job over its key's limit waits without an ack timer, without a
+-- stream slot and without spending an attempt. A parked job has no message in the stream:
+-- broker-loss repair leaves it alone (`job_requeue_lost.sql`). A retry or a release goes
+-- the usual way (scheduled, published when due) and is parked again by the intake.
+--
+-- `turn` orders a queue's parked jobs: the message's stream sequence (publish order), or,
+-- with fair_by_key, a virtual time: each key's jobs are spaced one turn apart from the
+-- later of the key's last turn and the queue's clock (the turn of the last job taken), so a
+-- key that had nothing waiting starts level with the jobs starting now, and keys with work
+-- alternate.
+ALTER TABLE jobs ADD COLUMN parked boolean NOT NULL DEFAULT false,
+                 ADD COLUMN turn float8;
+
+-- A keyed queue's parked jobs, per key, in turn order (jobs without a key under '').
+CREATE INDEX jobs_parked ON jobs (queue, (COALESCE(key, '')), priority, turn)
+    WHERE status = 'queued' AND parked;
+-- The running jobs of a key (its limit).
+CREATE INDEX jobs_key_running ON jobs (queue, key) WHERE status = 'processing' AND key IS NOT NULL;
+
+-- Per key of a keyed queue: where its first parked job stands (a hint, never later than the
+-- truth: `job_take()` visits keys in this order and puts the true head back), and the turn
+-- its last job was given. A key whose jobs have all started and whose turn the queue's
+-- clock has passed has no row.
+CREATE TABLE job_keys (
+    queue         text     COLLATE "C" NOT NULL,
+    key           text     COLLATE "C" NOT NULL, -- '' for the jobs without a key
+    head_priority smallint,
+    head_turn     float8,
+    last_turn     float8   NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, key)
+);
+CREATE INDEX job_keys_head ON job_keys (queue, head_priority, head_turn)
+    WHERE head_turn IS NOT NULL;
+
+-- The queue's clock for fair turns: the latest turn taken.
+ALTER TABLE flow_queues ADD COLUMN vturn float8 NOT NULL DEFAULT 0;
+
+-- Per-key limits that differ from the queue's: operators edit this table (or use
+-- `jobwarden keys set`); a NULL column means the queue's setting.
+CREATE TABLE key_limits (
+    queue       text        COLLATE "C" NOT NULL,
+    key         text        COLLATE "C" NOT NULL,
+    concurrency integer     CHECK (concurrency >= 1),
+    weight      real        CHECK (weight > 0 AND weight <= 1000),
+    set_by      text        NOT NULL DEFAULT current_user,
+    set_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, key)
+);
+
+-- Takes up to `want` parked jobs of queue `q` for worker `me`: each key at most its limit
+-- (`key_limits.concurrency`, else `cap`; NULL: none) running at once across all workers,
+-- keys visited in the order of their first parked job (priority, then turn), the jobs in
+-- priority and turn order. Nothing when the worker is not registered or the queue is paused.
+-- Takes of one queue are decided one at a time (its flow_queues row), each statement here
+-- seeing what the one before committed, so no key ever runs more than its limit.
+-- `stale_ms`: the queue's stale_after as `me` declares it; `expire_ms`: its expire_after
+-- (NULL: none); a job past its expiry is not taken (the scheduler's expiry round ends it).
+CREATE FUNCTION job_take(q text, me text, want integer, stale_ms bigint, expire_ms bigint,
+                         cap integer)
+RETURNS TABLE (id text, attempts integer, max_attempts integer, lease bigint,
+               timeout_ms integer, payload jsonb, backoff jsonb, traceparent text,
+               created_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    keys text[];
+    rooms integer[];
+BEGIN
+    IF want <= 0
+       OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = me AND w.stopped_at IS NULL)
+       OR EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q) THEN
+        RETURN;
+    END IF;
+    INSERT INTO flow_queues (queue) VALUES (q) ON CONFLICT (queue) DO NOTHING;
+    -- One decision at a time per queue; every statement below sees the last one's commit.
+    PERFORM 1 FROM flow_queues f WHERE f.queue = q FOR UPDATE;
+    -- The keys with parked jobs and room, first parked job first.
+    SELECT array_agg(c.key ORDER BY c.head_priority, c.head_turn),
+           array_agg(c.room ORDER BY c.head_priority, c.head_turn) INTO keys, rooms
+    FROM (
+        SELECT k.key, k.head_priority, k.head_turn,
+               CASE WHEN lim.cap IS NULL THEN want ELSE lim.cap - run.n END AS room
+        FROM job_keys k
+             LEFT JOIN key_limits o ON o.queue = q AND o.key = k.key
+             CROSS JOIN LATERAL (SELECT CASE WHEN k.key = '' THEN NULL
+                                             ELSE COALESCE(o.concurrency, cap) END AS cap) lim
+             CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM jobs r
+                                 WHERE lim.cap IS NOT NULL AND r.queue = q AND r.key = k.key
+                                   AND r.status = 'processing' AND r.key IS NOT NULL) run
+        WHERE k.queue = q AND k.head_turn IS NOT NULL
+          AND (lim.cap IS NULL OR run.n < lim.cap)
+        ORDER BY k.head_priority, k.head_turn
+        LIMIT want
+    ) c;
+    IF keys IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.id, p.priority, p.turn
+        FROM unnest(keys, rooms) AS c(key, room)
+             CROSS JOIN LATERAL (
+                 SELECT j.id, j.priority, j.turn FROM jobs j
+                 WHERE j.queue = q AND COALESCE(j.key, '') = c.key AND j.status = 'queued'
+                   AND j.parked
+                   AND (COALESCE(j.expires_at, j.created_at + expire_ms * interval '1 millisecond')
+                        > now()) IS NOT FALSE
+                 ORDER BY j.priority, j.turn
+                 LIMIT least(c.room, want)) p
+        ORDER BY p.priority, p.turn
+        LIMIT want
+    ),
+    taken AS (
+        UPDATE jobs j
+        SET status = 'processing', parked = false, attempts = j.attempts + 1, worker_id = me,
+            lease = j.lease + 1, started_at = now(), last_activity_at = now(),
+            stale_at = now() + stale_ms * interval '1 millisecond', stage = NULL,
+            progress = NULL, message = NULL, updated_at = now(),
+            expires_at = COALESCE(j.expires_at,
+                                  j.created_at + expire_ms * interval '1 millisecond')
+        FROM picked p
+        WHERE j.id = p.id AND j.status = 'queued' AND j.parked
+        RETURNING j.id, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload,
+                  j.backoff, j.traceparent, j.created_at, j.priority, j.turn
+    ),
+    clock AS (
+        UPDATE flow_queues f SET vturn = greatest(f.vturn, (SELECT max(t.turn) FROM taken t))
+        WHERE f.queue = q AND EXISTS (SELECT 1 FROM taken)
+    )
+    SELECT t.id, t.attempts, t.max_attempts, t.lease, t.timeout_ms, t.payload, t.backoff,
+           t.traceparent, t.created_at
+    FROM taken t ORDER BY t.priority, t.turn;
+    -- The visited keys' first parked jobs, as they stand now. Locking the keys' rows first
+    -- waits for intakes that are parking jobs of these keys: once they hold the locks, their
+    -- jobs are committed and seen here (an intake after this lowers the hint itself).
+    PERFORM 1 FROM job_keys k WHERE k.queue = q AND k.key = ANY(keys) ORDER BY k.key FOR UPDATE;
+    UPDATE job_keys k
+    SET (head_priority, head_turn) = (
+        SELECT j.priority, j.turn FROM jobs j
+        WHERE j.queue = q AND COALESCE(j.key, '') = k.key AND j.status = 'queued' AND j.parked
+        ORDER BY j.priority, j.turn LIMIT 1)
+    WHERE k.queue = q AND k.key = ANY(keys);
+    -- Keys with nothing parked whose last turn the clock has passed: their row says nothing
+    -- a new one would not (a key that comes back starts at the clock).
+    DELETE FROM job_keys k
+    WHERE k.queue = q AND k.key = ANY(keys) AND k.head_turn IS NULL
+      AND k.last_turn <= (SELECT f.vturn FROM flow_queues f WHERE f.queue = q);
+END;
+$$;
