@@ -185,3 +185,70 @@ async fn with_fair_turns_a_key_with_ten_jobs_is_not_held_up_by_one_with_a_thousa
         }
     }
 }
+
+/// Runs of each job id, as a handler saw them.
+type Runs = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// A handler that records every run and does what the payload's `kind` says (`flaky` fails
+/// its first attempt), taking `ms` milliseconds.
+fn recording(ms: u64) -> (std::sync::Arc<dyn jobwarden::Handler>, Runs) {
+    let runs: Runs = Default::default();
+    let r = runs.clone();
+    let h = jobwarden::handler::from_fn(move |job| {
+        let r = r.clone();
+        async move {
+            r.lock().unwrap().push(job.id.clone());
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            match job.payload["kind"].as_str() {
+                Some("flaky") if job.attempt == 1 => {
+                    Err(jobwarden::handler::JobError::retry("try again"))
+                }
+                _ => Ok(None),
+            }
+        }
+    });
+    (h, runs)
+}
+
+/// A keyed queue end to end, with jobs that carry no key (they share one turn and no
+/// limit): every message is parked, taken, run once (twice for the flaky ones: the retry is
+/// parked again), its message acked, and nothing is left parked.
+#[tokio::test]
+async fn a_keyed_queue_runs_every_job_once_retries_included_and_acks_every_message() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\nconcurrency = 4\n\
+         key_concurrency = 2\nbackoff = { kind = \"fixed\", base = \"10ms\" }\n",
+    )
+    .await;
+    let (h, runs) = recording(2);
+    let w = env.worker(&[("h", h)]).await;
+    for i in 0..200 {
+        let kind = if i % 10 == 0 { "flaky" } else { "ok" };
+        env.publish_raw(
+            "work",
+            json!({"id": format!("j{i}"), "payload": {"kind": kind}}).to_string(),
+        )
+        .await;
+    }
+    assert!(
+        env.wait_count("completed", 200, 60).await,
+        "completed: {}",
+        env.count("completed").await
+    );
+    w.shutdown().await;
+    let runs = runs.lock().unwrap().clone();
+    let mut per_job: HashMap<String, usize> = HashMap::new();
+    for id in runs {
+        *per_job.entry(id).or_default() += 1;
+    }
+    for i in 0..200 {
+        let want = if i % 10 == 0 { 2 } else { 1 };
+        assert_eq!(per_job.get(&format!("j{i}")), Some(&want), "runs of j{i}");
+    }
+    env.wait_consumer_drained("work").await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE parked OR status <> 'completed'")
+            .await,
+        0
+    );
+}

@@ -70,7 +70,7 @@ impl Producer {
         let Some(k) = self.keyed.as_mut() else {
             return;
         };
-        if free == 0 || Instant::now() < k.due_at() || self.stop.is_cancelled() {
+        if free == 0 || (!k.due && Instant::now() < k.next) || self.stop.is_cancelled() {
             return;
         }
         k.due = false;
