@@ -14,15 +14,27 @@
 -- with fair_by_key, a virtual time: each key's jobs are spaced one turn apart from the
 -- later of the key's last turn and the queue's clock (the turn of the last job taken), so a
 -- key that had nothing waiting starts level with the jobs starting now, and keys with work
--- alternate.
+-- alternate (a key's weight in `key_limits` spaces its jobs 1/weight apart: a key of weight 2
+-- gets two turns for another's one).
+--
+-- Within a key, jobs go by priority, then publish order (`seq`: the stream sequence of the
+-- message that first brought the job). With ordered_by_key, a key runs one job at a time in
+-- publish order alone, and a job of the key that is on its way again (a retry, a release) or
+-- (with ordered_on_dead = "block") dead holds the key's later jobs back.
 ALTER TABLE jobs ADD COLUMN parked boolean NOT NULL DEFAULT false,
-                 ADD COLUMN turn float8;
+                 ADD COLUMN turn float8,
+                 ADD COLUMN seq bigint;
 
--- A keyed queue's parked jobs, per key, in turn order (jobs without a key under '').
-CREATE INDEX jobs_parked ON jobs (queue, (COALESCE(key, '')), priority, turn)
+-- A keyed queue's parked jobs, per key, in the key's order (jobs without a key under '').
+CREATE INDEX jobs_parked ON jobs (queue, (COALESCE(key, '')), priority, seq)
     WHERE status = 'queued' AND parked;
 -- The running jobs of a key (its limit).
 CREATE INDEX jobs_key_running ON jobs (queue, key) WHERE status = 'processing' AND key IS NOT NULL;
+-- The jobs of a key that hold an ordered key's later jobs back besides running ones: parked
+-- once and now on their way again, or dead.
+CREATE INDEX jobs_key_held ON jobs (queue, key)
+    WHERE key IS NOT NULL AND seq IS NOT NULL AND NOT parked
+      AND status IN ('scheduled', 'queued', 'dead');
 
 -- Per key of a keyed queue: where its first parked job stands (a hint, never later than the
 -- truth: `job_take()` visits keys in this order and puts the true head back), and the turn
@@ -56,14 +68,16 @@ CREATE TABLE key_limits (
 
 -- Takes up to `want` parked jobs of queue `q` for worker `me`: each key at most its limit
 -- (`key_limits.concurrency`, else `cap`; NULL: none) running at once across all workers,
--- keys visited in the order of their first parked job (priority, then turn), the jobs in
--- priority and turn order. Nothing when the worker is not registered or the queue is paused.
+-- keys visited in the order of their first parked job (priority, then turn), a key's jobs in
+-- priority and publish order. With `ordered`: one job of a key at a time, in publish order,
+-- and none while a job of the key is on its way again (or dead, with `dead_blocks`).
+-- Nothing when the worker is not registered or the queue is paused.
 -- Takes of one queue are decided one at a time (its flow_queues row), each statement here
 -- seeing what the one before committed, so no key ever runs more than its limit.
 -- `stale_ms`: the queue's stale_after as `me` declares it; `expire_ms`: its expire_after
 -- (NULL: none); a job past its expiry is not taken (the scheduler's expiry round ends it).
 CREATE FUNCTION job_take(q text, me text, want integer, stale_ms bigint, expire_ms bigint,
-                         cap integer)
+                         cap integer, ordered boolean, dead_blocks boolean)
 RETURNS TABLE (id text, attempts integer, max_attempts integer, lease bigint,
                timeout_ms integer, payload jsonb, backoff jsonb, traceparent text,
                created_at timestamptz)
@@ -91,12 +105,19 @@ BEGIN
         FROM job_keys k
              LEFT JOIN key_limits o ON o.queue = q AND o.key = k.key
              CROSS JOIN LATERAL (SELECT CASE WHEN k.key = '' THEN NULL
+                                             WHEN ordered THEN 1
                                              ELSE COALESCE(o.concurrency, cap) END AS cap) lim
              CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM jobs r
                                  WHERE lim.cap IS NOT NULL AND r.queue = q AND r.key = k.key
                                    AND r.status = 'processing' AND r.key IS NOT NULL) run
         WHERE k.queue = q AND k.head_turn IS NOT NULL
           AND (lim.cap IS NULL OR run.n < lim.cap)
+          AND NOT (ordered AND k.key <> '' AND EXISTS (
+                  SELECT 1 FROM jobs b
+                  WHERE b.queue = q AND b.key = k.key AND b.key IS NOT NULL
+                    AND b.seq IS NOT NULL AND NOT b.parked
+                    AND (b.status IN ('scheduled', 'queued')
+                         OR (dead_blocks AND b.status = 'dead'))))
         ORDER BY k.head_priority, k.head_turn
         LIMIT want
     ) c;
@@ -108,13 +129,30 @@ BEGIN
         SELECT p.id, p.priority, p.turn
         FROM unnest(keys, rooms) AS c(key, room)
              CROSS JOIN LATERAL (
-                 SELECT j.id, j.priority, j.turn FROM jobs j
-                 WHERE j.queue = q AND COALESCE(j.key, '') = c.key AND j.status = 'queued'
+                (SELECT j.id, j.priority, j.turn FROM jobs j
+                 WHERE NOT ordered
+                   AND j.queue = q AND COALESCE(j.key, '') = c.key AND j.status = 'queued'
                    AND j.parked
                    AND (COALESCE(j.expires_at, j.created_at + expire_ms * interval '1 millisecond')
                         > now()) IS NOT FALSE
-                 ORDER BY j.priority, j.turn
-                 LIMIT least(c.room, want)) p
+                 ORDER BY j.priority, j.seq
+                 LIMIT least(c.room, want))
+                 UNION ALL
+                 -- Ordered: the key's first job in publish order, whatever its priority (the
+                 -- first of each priority, then the earliest of those).
+                 (SELECT f.id, f.priority, f.turn
+                  FROM generate_series(0, 9) AS pr(p)
+                       CROSS JOIN LATERAL (
+                           SELECT j.id, j.priority, j.turn, j.seq, j.expires_at, j.created_at
+                           FROM jobs j
+                           WHERE ordered AND j.queue = q AND COALESCE(j.key, '') = c.key
+                             AND j.priority = pr.p AND j.status = 'queued' AND j.parked
+                           ORDER BY j.seq LIMIT 1) f
+                  -- A first job past its expiry holds the key until the expiry round ends it.
+                  WHERE (COALESCE(f.expires_at,
+                                  f.created_at + expire_ms * interval '1 millisecond')
+                         > now()) IS NOT FALSE
+                  ORDER BY f.seq LIMIT 1)) p
         ORDER BY p.priority, p.turn
         LIMIT want
     ),
@@ -146,7 +184,7 @@ BEGIN
     SET (head_priority, head_turn) = (
         SELECT j.priority, j.turn FROM jobs j
         WHERE j.queue = q AND COALESCE(j.key, '') = k.key AND j.status = 'queued' AND j.parked
-        ORDER BY j.priority, j.turn LIMIT 1)
+        ORDER BY j.priority, j.seq LIMIT 1)
     WHERE k.queue = q AND k.key = ANY(keys);
     -- Keys with nothing parked whose last turn the clock has passed: their row says nothing
     -- a new one would not (a key that comes back starts at the clock).

@@ -85,6 +85,8 @@ async fn parked_jobs_are_taken_within_their_keys_limit_by_three_workers_at_once(
     let rules = KeyRules {
         concurrency: Some(2),
         fair: false,
+        ordered: false,
+        dead_blocks: false,
     };
     for w in ["w1", "w2", "w3"] {
         register(&env, w).await;
@@ -149,6 +151,8 @@ async fn with_fair_turns_a_key_with_ten_jobs_is_not_held_up_by_one_with_a_thousa
         let rules = KeyRules {
             concurrency: None,
             fair,
+            ordered: false,
+            dead_blocks: false,
         };
         let tag = if fair { "fair" } else { "fifo" };
         let big: Vec<ClaimInput> = (0..1000)
@@ -251,4 +255,144 @@ async fn a_keyed_queue_runs_every_job_once_retries_included_and_acks_every_messa
             .await,
         0
     );
+}
+
+fn ordered_rules(dead_blocks: bool) -> KeyRules {
+    KeyRules {
+        concurrency: Some(1),
+        fair: false,
+        ordered: true,
+        dead_blocks,
+    }
+}
+
+/// Ordered keys at the store: three workers take at once, a tenth of the attempts fail and
+/// come back (scheduled, then parked again by a later intake, as the scheduler's republish
+/// brings them), and each key's jobs complete in publish order, one at a time.
+#[tokio::test]
+async fn ordered_keys_complete_in_publish_order_with_retries_taken_by_three_workers() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    let rules = ordered_rules(true);
+    for w in ["w1", "w2", "w3"] {
+        register(&env, w).await;
+    }
+    // 5 keys x 20 jobs, interleaved; job ids say their key and place.
+    let inputs: Vec<ClaimInput> = (0..100)
+        .map(|i| {
+            keyed_input(
+                &format!("k{}-{:02}", i % 5, i / 5),
+                Some(&format!("k{}", i % 5)),
+            )
+        })
+        .collect();
+    for (n, chunk) in inputs.chunks(25).enumerate() {
+        park(&env.store, "w1", rules, 1 + 25 * n as i64, chunk).await;
+    }
+    let c = env.store.raw().await.unwrap();
+    let mut completed: HashMap<String, Vec<String>> = HashMap::new();
+    let mut n_done = 0;
+    let mut tries = 0u64;
+    let mut republish_seq = 1000;
+    while n_done < 100 {
+        tries += 1;
+        assert!(tries < 2000, "stuck at {n_done} completed");
+        let (a, b, w3) = tokio::join!(
+            take(&env.store, "w1", 4, rules),
+            take(&env.store, "w2", 4, rules),
+            take(&env.store, "w3", 4, rules)
+        );
+        let running = running_per_key(&env).await;
+        assert!(running.values().all(|n| *n <= 1), "{running:?}");
+        for id in a.into_iter().chain(b).chain(w3) {
+            // A tenth of the attempts fail and are retried.
+            if (tries + id.len() as u64 + id.as_bytes()[4] as u64) % 10 == 0 {
+                c.execute(
+                    "UPDATE jobs SET status = 'scheduled', scheduled_at = now(), worker_id = NULL \
+                     WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+                continue;
+            }
+            complete(&env, std::slice::from_ref(&id)).await;
+            let key = id.split('-').next().unwrap().to_string();
+            completed.entry(key).or_default().push(id);
+            n_done += 1;
+        }
+        // The scheduler's republish, and the intake that parks the retries again, a few
+        // takes later (the key's later jobs wait meanwhile).
+        if tries % 3 != 0 {
+            continue;
+        }
+        let due: Vec<String> = c
+            .query("SELECT id FROM jobs WHERE status = 'scheduled'", &[])
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !due.is_empty() {
+            let again: Vec<ClaimInput> = due
+                .iter()
+                .map(|id| keyed_input(id, Some(id.split('-').next().unwrap())))
+                .collect();
+            park(&env.store, "w2", rules, republish_seq, &again).await;
+            republish_seq += again.len() as i64;
+        }
+    }
+    for (key, ids) in &completed {
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, &sorted, "key {key} completed out of order");
+        assert_eq!(ids.len(), 20);
+    }
+}
+
+/// A dead job holds its ordered key's later jobs (ordered_on_dead = "block") until it is
+/// skipped; with "skip" they go on at once.
+#[tokio::test]
+async fn a_dead_job_holds_its_ordered_keys_later_jobs_unless_the_queue_skips() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    register(&env, "w1").await;
+    let c = env.store.raw().await.unwrap();
+    for (blocks, tag) in [(true, "block"), (false, "skip")] {
+        let rules = ordered_rules(blocks);
+        let key = format!("{tag}-key");
+        let inputs: Vec<ClaimInput> = (1..=3)
+            .map(|i| keyed_input(&format!("{tag}{i}"), Some(&key)))
+            .collect();
+        park(&env.store, "w1", rules, 1, &inputs).await;
+        assert_eq!(
+            take(&env.store, "w1", 4, rules).await,
+            vec![format!("{tag}1")]
+        );
+        // Its first job dies.
+        c.execute(
+            "UPDATE jobs SET status = 'dead', completed_at = now() WHERE id = $1",
+            &[&format!("{tag}1")],
+        )
+        .await
+        .unwrap();
+        let next = take(&env.store, "w1", 4, rules).await;
+        if blocks {
+            assert!(
+                next.is_empty(),
+                "a later job ran past the dead one: {next:?}"
+            );
+            // Skipped (what `jobwarden keys skip` does): the key goes on.
+            c.execute(
+                "UPDATE jobs SET status = 'cancelled' WHERE id = $1",
+                &[&format!("{tag}1")],
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                take(&env.store, "w1", 4, rules).await,
+                vec![format!("{tag}2")]
+            );
+        } else {
+            assert_eq!(next, vec![format!("{tag}2")]);
+        }
+    }
 }

@@ -297,6 +297,12 @@ pub struct QueueConfig {
     /// instead of in publish order: a key with ten jobs is not held up by a key with ten
     /// thousand.
     pub fair_by_key: bool,
+    /// Jobs of one key run one at a time, in the order they were published; a retry holds
+    /// the key's later jobs until it completes (or dies: see `ordered_on_dead`).
+    pub ordered_by_key: bool,
+    /// In an ordered queue, what a dead job does to its key's later jobs: "block" (the
+    /// default: they wait until it is retried or skipped) or "skip" (they go on).
+    pub ordered_on_dead: OnDead,
     pub handler: Option<HandlerConfig>,
     /// Override `[retention]` for this queue's finished jobs.
     pub keep_completed: Option<KeepFor>,
@@ -372,15 +378,39 @@ pub struct KeyRules {
     pub concurrency: Option<u32>,
     /// Turns go round the keys with work (else publish order).
     pub fair: bool,
+    /// One job of a key at a time, in publish order.
+    pub ordered: bool,
+    /// In an ordered queue, a dead job holds its key's later jobs back (else they go on).
+    pub dead_blocks: bool,
+}
+
+/// What a dead job does to its key's later jobs in an ordered queue (`ordered_on_dead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDead {
+    /// They wait until the dead job is retried (and completes) or skipped
+    /// (`jobwarden keys skip`).
+    #[default]
+    Block,
+    /// They go on; the dead job stays in the dead letters.
+    Skip,
 }
 
 impl QueueConfig {
     /// How the queue parks and takes its jobs by key (`None`: it is not keyed).
     pub fn key_rules(&self) -> Option<KeyRules> {
-        (self.key_concurrency.is_some() || self.fair_by_key).then_some(KeyRules {
-            concurrency: self.key_concurrency,
-            fair: self.fair_by_key,
-        })
+        (self.key_concurrency.is_some() || self.fair_by_key || self.ordered_by_key).then_some(
+            KeyRules {
+                concurrency: if self.ordered_by_key {
+                    Some(1)
+                } else {
+                    self.key_concurrency
+                },
+                fair: self.fair_by_key,
+                ordered: self.ordered_by_key,
+                dead_blocks: self.ordered_on_dead == OnDead::Block,
+            },
+        )
     }
 }
 
@@ -398,6 +428,8 @@ impl Default for QueueConfig {
             rate_limit: None,
             key_concurrency: None,
             fair_by_key: false,
+            ordered_by_key: false,
+            ordered_on_dead: OnDead::Block,
             handler: None,
             keep_completed: None,
             keep_cancelled: None,
@@ -812,9 +844,25 @@ impl Config {
             )),
             _ => {}
         }
+        if q.ordered_by_key && q.key_concurrency.is_some_and(|n| n > 1) {
+            errs.push(format!(
+                "queues.{name}: ordered_by_key runs one job of a key at a time, so \
+                 key_concurrency ({}) cannot be above 1; leave key_concurrency out (or set it \
+                 to 1), or drop ordered_by_key to run {0} of a key at once in any order",
+                q.key_concurrency.unwrap_or_default()
+            ));
+        }
+        if q.ordered_on_dead != OnDead::Block && !q.ordered_by_key {
+            errs.push(format!(
+                "queues.{name}.ordered_on_dead applies to ordered queues only: set \
+                 ordered_by_key = true, or leave ordered_on_dead out"
+            ));
+        }
         if q.key_rules().is_some() && (q.global_concurrency.is_some() || q.rate_limit.is_some()) {
             let keyed = if q.key_concurrency.is_some() {
                 "key_concurrency"
+            } else if q.ordered_by_key {
+                "ordered_by_key"
             } else {
                 "fair_by_key"
             };

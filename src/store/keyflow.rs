@@ -70,7 +70,19 @@ impl Store {
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_TAKE).await?;
         let rows = client
-            .query(&st, &[&queue, &worker_id, &want, &stale, &expire, &cap])
+            .query(
+                &st,
+                &[
+                    &queue,
+                    &worker_id,
+                    &want,
+                    &stale,
+                    &expire,
+                    &cap,
+                    &rules.ordered,
+                    &rules.dead_blocks,
+                ],
+            )
             .await?;
         Ok(rows
             .iter()

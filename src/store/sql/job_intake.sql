@@ -11,8 +11,9 @@
 -- paused queue (the messages go back to the stream, as with a claim).
 -- A parked job's turn: with fair turns ($17), one turn after the later of its key's last
 -- turn and the queue's clock (the key's jobs of this batch one after another); else the
--- message's stream sequence ($18), publish order. A job parked again keeps its turn (a
--- retry keeps its place). Each key's row in job_keys is locked (in key order) and its hint
+-- message's stream sequence ($18), publish order; a key's weight in key_limits spaces its
+-- jobs 1/weight apart. A job parked again keeps its turn and its place in its key's order
+-- (`seq`, the sequence of the message that first parked it): a retry keeps its place. Each key's row in job_keys is locked (in key order) and its hint
 -- lowered to this batch's first job, so a take that visits the key waits for this commit.
 -- $1 worker id; $2 (unused: the claim's stale_after); $3..$14 one array per column, as the
 -- claim's; $15 the queue's expire_after (ms, NULL for none); $16 the keys; $17 fair turns;
@@ -34,17 +35,19 @@ me AS (
            $2::int8 AS unused
 ),
 per_key AS (
-    SELECT i.k, count(*) AS n, min(i.priority) AS priority, min(i.s) AS first_seq,
-           max(i.s) AS last_seq
-    FROM input i
-    WHERE (SELECT alive AND NOT paused FROM me)
-    GROUP BY i.k
+    SELECT g.*, g.n / COALESCE(o.weight, 1)::float8 AS span
+    FROM (SELECT i.k, count(*) AS n, min(i.priority) AS priority, min(i.s) AS first_seq,
+                 max(i.s) AS last_seq
+          FROM input i
+          WHERE (SELECT alive AND NOT paused FROM me)
+          GROUP BY i.k) g
+         LEFT JOIN key_limits o ON o.queue = ($4::text[])[1] AND o.key = g.k
 ),
 keyed AS (
     INSERT INTO job_keys AS jk (queue, key, head_priority, head_turn, last_turn)
     SELECT ($4::text[])[1], p.k, p.priority,
            CASE WHEN $17::bool THEN (SELECT clock FROM me) ELSE p.first_seq END,
-           CASE WHEN $17::bool THEN (SELECT clock FROM me) + p.n ELSE p.last_seq END
+           CASE WHEN $17::bool THEN (SELECT clock FROM me) + p.span ELSE p.last_seq END
     FROM per_key p
     ORDER BY p.k
     ON CONFLICT (queue, key) DO UPDATE
@@ -64,14 +67,15 @@ keyed AS (
 ),
 turns AS (
     SELECT i.id,
-           CASE WHEN $17::bool THEN kd.last_turn - p.n + i.rank ELSE i.s END AS turn
+           CASE WHEN $17::bool THEN kd.last_turn - p.span + i.rank * p.span / p.n
+                ELSE i.s END AS turn
     FROM input i JOIN per_key p ON p.k = i.k JOIN keyed kd ON kd.key = i.k
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
                       backoff, traceparent, then_jobs, key, status, attempts, lease,
                       last_activity_at, scheduled_at, expires_at, last_error, completed_at,
-                      parked, turn)
+                      parked, turn, seq)
     SELECT i.id, i.queue, i.payload, i.priority, i.max_attempts, i.timeout_ms, i.idempotency_key,
            i.backoff, i.traceparent, i.then_jobs, i.key,
            CASE WHEN x.expired THEN 'cancelled' WHEN x.later THEN 'scheduled' ELSE 'queued' END,
@@ -79,7 +83,8 @@ inserted AS (
            GREATEST(now(), COALESCE(to_timestamp(i.run_at_ms / 1000.0), now())), x.expires_at,
            CASE WHEN x.expired THEN job_expired_reason(x.expires_at) END,
            CASE WHEN x.expired THEN now() END,
-           NOT x.expired AND NOT x.later, t.turn
+           NOT x.expired AND NOT x.later, t.turn,
+           CASE WHEN NOT x.expired AND NOT x.later THEN i.s::int8 END
     FROM input i
          JOIN turns t ON t.id = i.id
          CROSS JOIN LATERAL (SELECT to_timestamp(i.expires_at_ms / 1000.0) AS expires_at,
@@ -112,7 +117,8 @@ expired AS (
 ),
 parked AS (
     UPDATE jobs j
-    SET status = 'queued', parked = true, turn = COALESCE(j.turn, t.turn), updated_at = now()
+    SET status = 'queued', parked = true, turn = COALESCE(j.turn, t.turn),
+        seq = COALESCE(j.seq, i.s::int8), updated_at = now()
     FROM input i JOIN turns t ON t.id = i.id
     WHERE (SELECT alive AND NOT paused FROM me) AND j.id = ANY((SELECT ids FROM others)::text[])
       AND j.id = i.id AND j.queue = i.queue
