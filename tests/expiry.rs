@@ -495,6 +495,7 @@ async fn a_cron_fire_expires_its_expires_in_after_its_own_time() {
         priority: Default::default(),
         missed: jobwarden::cron::Missed::RunOnce,
         expires_in: Some(Duration::from_secs(10)),
+        key: None,
     };
     let schedule = jobwarden::cron::Schedule::new("tick", &cfg).unwrap();
     env.store.cron_tick(&schedule).await.unwrap();
