@@ -55,15 +55,12 @@ async fn dead_reasons(env: &TestEnv) -> Vec<String> {
 }
 
 /// A message's envelope carries the key into the row it creates (through the claim's fast
-/// insert and through the full claim of a redelivered message alike), and a `then` spec
-/// gives its child its own key; `jobs show` (text and JSON), `jobs list --key` and the
-/// dashboard's job page show it.
+/// insert and through the full claim alike, and into the dead job a message is kept as),
+/// and a `then` spec gives its child its own key; `jobs show` (text and JSON), `jobs list
+/// --key` and the dashboard's job page show it.
 #[tokio::test]
 async fn an_envelopes_key_and_its_then_childs_arrive_in_jobs_key_and_are_shown() {
-    let env = TestEnv::new(&format!(
-        "{EMAIL}[dashboard]\nlisten = \"127.0.0.1:0\"\n"
-    ))
-    .await;
+    let env = TestEnv::new(&format!("{EMAIL}[dashboard]\nlisten = \"127.0.0.1:0\"\n")).await;
     let (work, _seen) = recording();
     let w = env.worker(&[("work", work)]).await;
     env.publish_raw(
@@ -77,7 +74,10 @@ async fn an_envelopes_key_and_its_then_childs_arrive_in_jobs_key_and_are_shown()
         assert!(env.wait_status(id, "completed", 20).await, "{id}");
     }
     assert_eq!(key_of(&env, "env-1").await.as_deref(), Some("customer-42"));
-    assert_eq!(key_of(&env, "child-1").await.as_deref(), Some("customer-43"));
+    assert_eq!(
+        key_of(&env, "child-1").await.as_deref(),
+        Some("customer-43")
+    );
     // A child names its own key or has none (a key is the job's, not its chain's).
     assert_eq!(key_of(&env, "child-2").await, None);
     assert_eq!(key_of(&env, "env-none").await, None);
@@ -91,6 +91,23 @@ async fn an_envelopes_key_and_its_then_childs_arrive_in_jobs_key_and_are_shown()
     .await;
     assert!(env.wait_status("env-2", "completed", 20).await);
     assert_eq!(key_of(&env, "env-2").await.as_deref(), Some("customer-44"));
+
+    // A message kept as a dead job (its envelope names another priority than its subject's)
+    // keeps its key, so a retry runs the job it was.
+    env.publish_raw(
+        "email",
+        r#"{"id":"env-3","payload":{},"priority":0,"key":"customer-45"}"#,
+    )
+    .await;
+    assert!(env.wait_count("dead", 1, 20).await);
+    assert_eq!(
+        env.scalar(
+            "SELECT count(*) FROM jobs WHERE status = 'dead' AND key = 'customer-45' \
+             AND last_error LIKE 'field `priority`%'"
+        )
+        .await,
+        1
+    );
 
     let shown = text(&env.cli(&["jobs", "show", "env-1"]));
     assert!(
@@ -132,9 +149,12 @@ async fn sql_the_cli_and_the_rust_client_store_the_key_they_are_given() {
     .await
     .unwrap();
     // Every old call still works, by position and by name, and means no key.
-    c.execute("SELECT enqueue('email', '{}', 5, NULL, 3, NULL, 'sql-old')", &[])
-        .await
-        .unwrap();
+    c.execute(
+        "SELECT enqueue('email', '{}', 5, NULL, 3, NULL, 'sql-old')",
+        &[],
+    )
+    .await
+    .unwrap();
     c.execute(
         "SELECT enqueue('email', '{}', id => 'sql-chain', then_jobs => \
          '[{\"queue\":\"email\",\"payload\":{},\"id\":\"sql-child\",\"key\":\"customer-9\"}]', \
@@ -173,7 +193,13 @@ async fn sql_the_cli_and_the_rust_client_store_the_key_they_are_given() {
         .unwrap();
     tx.commit().await.unwrap();
     let out = env.cli(&[
-        "enqueue", "email", "{}", "--id", "cli-1", "--key", "-customer-4",
+        "enqueue",
+        "email",
+        "{}",
+        "--id",
+        "cli-1",
+        "--key",
+        "-customer-4",
     ]);
     assert!(out.status.success(), "{}", text(&out));
     for (id, key) in [
@@ -190,9 +216,15 @@ async fn sql_the_cli_and_the_rust_client_store_the_key_they_are_given() {
     let (work, _seen) = recording();
     let w = env.worker(&[("work", work)]).await;
     assert!(env.wait_status("sql-child", "completed", 20).await);
-    assert_eq!(key_of(&env, "sql-child").await.as_deref(), Some("customer-9"));
+    assert_eq!(
+        key_of(&env, "sql-child").await.as_deref(),
+        Some("customer-9")
+    );
     assert!(env.wait_status("client-1", "completed", 20).await);
-    assert_eq!(key_of(&env, "client-1").await.as_deref(), Some("customer-2"));
+    assert_eq!(
+        key_of(&env, "client-1").await.as_deref(),
+        Some("customer-2")
+    );
     w.shutdown().await;
 }
 
@@ -306,10 +338,7 @@ async fn key_from_takes_the_key_from_the_payload_or_a_header_and_the_envelope_wi
     .unwrap();
     assert!(env.wait_count("completed", 11, 20).await, "{:?}", seen);
     let plain: String = c
-        .query_one(
-            "SELECT id FROM jobs WHERE payload ->> 'tag' = 'plain'",
-            &[],
-        )
+        .query_one("SELECT id FROM jobs WHERE payload ->> 'tag' = 'plain'", &[])
         .await
         .unwrap()
         .get(0);
@@ -330,6 +359,40 @@ async fn key_from_takes_the_key_from_the_payload_or_a_header_and_the_envelope_wi
     }
     assert_eq!(env.count("dead").await, 0, "{:?}", dead_reasons(&env).await);
     w.shutdown().await;
+}
+
+/// Messages a worker fetched and never claimed (it was killed) are adopted by another
+/// worker with the key its queue's `key_from` finds (the rows adoption makes are the
+/// claim's), long before JetStream would deliver them again (ack_wait is 10 minutes).
+#[tokio::test]
+async fn an_adopted_message_keeps_the_key_key_from_finds() {
+    let env = TestEnv::new(
+        "adopt_after = \"300ms\"\n[queues.work]\nkey_from = \"payload:/customer\"\n\
+         handler = { kind = \"exec\", command = [\"true\"] }\n",
+    )
+    .await;
+    let bodies: Vec<String> = (0..3)
+        .map(|i| format!(r#"{{"id":"stranded-{i}","payload":{{"customer":"c-{i}"}}}}"#))
+        .chain([r#"{"id":"stranded-own","payload":{"customer":"c-x"},"key":"own"}"#.into()])
+        .collect();
+    common::strand_in_a_killed_worker(&env, &env.config, &bodies).await;
+    let b = env.worker_with(env.config.clone(), &[]).await;
+    assert!(env.wait_count("completed", 4, 20).await);
+    assert_eq!(
+        env.scalar("SELECT count(DISTINCT job_id) FROM job_attempts WHERE outcome = 'adopted'")
+            .await,
+        4,
+        "not adopted"
+    );
+    for (id, key) in [
+        ("stranded-0", "c-0"),
+        ("stranded-1", "c-1"),
+        ("stranded-2", "c-2"),
+        ("stranded-own", "own"),
+    ] {
+        assert_eq!(key_of(&env, id).await.as_deref(), Some(key), "{id}");
+    }
+    b.shutdown().await;
 }
 
 /// Bad keys at every door: an error naming the field `key` and what is wrong, and nothing
@@ -439,8 +502,11 @@ async fn bad_keys_are_refused_at_every_door_naming_the_field() {
     // A good one in each queue: the worker goes on.
     env.publish_raw("email", r#"{"id":"ok-1","payload":{},"key":"fine"}"#)
         .await;
-    env.publish_raw("orders", r#"{"id":"ok-2","payload":{"customer":{"id":"c"}}}"#)
-        .await;
+    env.publish_raw(
+        "orders",
+        r#"{"id":"ok-2","payload":{"customer":{"id":"c"}}}"#,
+    )
+    .await;
     assert!(
         wait_for(Duration::from_secs(20), || async {
             env.count("dead").await == 9 && env.count("completed").await == 2
