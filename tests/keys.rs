@@ -7,29 +7,13 @@
 
 mod common;
 
-use common::{text, wait_for, TestEnv};
+use common::{recording, text, wait_for, TestEnv};
 use jobwarden::client::{Client, ClientError, EnqueueOptions};
-use jobwarden::handler::{from_fn, Handler};
 use serde_json::json;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const EMAIL: &str =
     "[queues.email]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"work\" }\n";
-
-/// A handler that records every job id it is given.
-fn recording() -> (Arc<dyn Handler>, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    let h = from_fn(move |job| {
-        let s = s.clone();
-        async move {
-            s.lock().unwrap().push(job.id.clone());
-            Ok(None)
-        }
-    });
-    (h, seen)
-}
 
 /// The key stored with job `id` (`None`: no key); panics when there is no such job.
 async fn key_of(env: &TestEnv, id: &str) -> Option<String> {

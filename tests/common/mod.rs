@@ -737,6 +737,27 @@ pub async fn strand_in_a_killed_worker(env: &TestEnv, config: &Config, bodies: &
     tx.rollback().await.unwrap();
 }
 
+/// A handler that records every job id it is given, and fails the jobs named `fail-*`
+/// (retryable).
+pub fn recording() -> (Arc<dyn Handler>, Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let h = jobwarden::handler::from_fn(move |job| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(job.id.clone());
+            if job.id.starts_with("fail-") {
+                return Err(jobwarden::handler::JobError::retry("failing on purpose"));
+            }
+            if job.id.starts_with("slow-") {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Ok(None)
+        }
+    });
+    (h, seen)
+}
+
 /// A claim input for a job `id` of queue work with an empty payload.
 fn claim_input(id: &str) -> jobwarden::store::ClaimInput {
     jobwarden::store::ClaimInput {
