@@ -51,9 +51,9 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    fields text[] := CASE door WHEN 'message' THEN ARRAY[{{MESSAGE_FIELDS}}]
-                               WHEN 'then' THEN ARRAY[{{THEN_FIELDS}}]
-                               ELSE ARRAY[{{ENQUEUE_FIELDS}}] END;
+    fields text[] := CASE door WHEN 'message' THEN ARRAY[{{V18_MESSAGE_FIELDS}}]
+                               WHEN 'then' THEN ARRAY[{{V18_THEN_FIELDS}}]
+                               ELSE ARRAY[{{V18_ENQUEUE_FIELDS}}] END;
     k text;
     s jsonb;
     i integer;

@@ -54,6 +54,9 @@ pub struct EnqueueOptions {
     /// Not started this long after it is enqueued (database time), the job never runs.
     /// Not with `expires_at`.
     pub expires_in: Option<Duration>,
+    /// What groups the job with others (a customer, a tenant), e.g. `customer-42`: the
+    /// rules of an id (the contract's `key`).
+    pub key: Option<String>,
 }
 
 /// The `then` of an enqueue and its check are part of the job's wire format: they live
@@ -151,6 +154,7 @@ impl Client {
             opts.expires_in
                 .map(|d| Value::from(format!("{}ns", d.as_nanos()))),
         );
+        put("key", opts.key.clone().map(Value::from));
         let checked = crate::contract::check_spec(
             &spec,
             crate::contract::Door::Enqueue,
@@ -172,7 +176,7 @@ impl Client {
             backoff: checked.backoff,
             then: None,
             expires_at_ms: checked.expires_at_ms,
-            key: None,
+            key: checked.key,
         };
         // The message the job will travel in (now, or when the scheduler publishes it) must
         // fit the server: say so now rather than store a job that can never be published.
@@ -243,6 +247,7 @@ impl Client {
                     &then,
                     &expires_at_ms,
                     &expires_in,
+                    &new.key,
                 ],
             )
             .await

@@ -27,6 +27,7 @@
 //! | `backoff` | object | `kind`, `base`, `max`, `jitter`; durations up to [`MAX_DELAY_MS`] |
 //! | `then` | array of specs | at most [`MAX_THEN_JOBS`] in all, [`MAX_THEN_DEPTH`] deep |
 //! | `depends_on` | array of ids | at most [`MAX_DEPENDS_ON`] |
+//! | `key` | string | the rules of an `id` (a customer, a tenant: what groups the job with others) |
 //!
 //! Which fields a door takes is its [`Door`]: a message carries no `queue` (its subject
 //! names it) and no `depends_on` (a job that waits must be stored before anything runs it);
@@ -262,10 +263,18 @@ pub const ENQUEUE_FIELDS: &[&str] = &[
     "depends_on",
     "expires_at_ms",
     "expires_in",
+    "key",
 ];
 
-/// The fields version 18 of the schema added (expiry); version 14's rendering leaves them out.
-const EXPIRY_FIELDS: &[&str] = &["expires_at_ms", "expires_in"];
+/// The fields later versions of the schema added, with the version that added each. A
+/// migration renders the field lists as they were at its own version (`V14_…`, `V18_…`,
+/// `V20_…` placeholders): an applied migration must render the same text again (refinery
+/// refuses a database whose applied migration changed), so a new field is added here, with
+/// a new migration, and never changes an older one's lists.
+const ADDED_FIELDS: &[(&str, u32)] = &[("expires_at_ms", 18), ("expires_in", 18), ("key", 20)];
+
+/// The schema versions whose migrations render the field lists (see [`ADDED_FIELDS`]).
+const FIELD_LIST_VERSIONS: &[u32] = &[14, 18, 20];
 
 /// Where a spec comes in: which fields it may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,6 +304,7 @@ impl Door {
                 "depends_on",
                 "expires_at_ms",
                 "expires_in",
+                "key",
             ],
             Door::Then => &[
                 "queue",
@@ -308,12 +318,26 @@ impl Door {
                 "backoff",
                 "then",
                 "expires_in",
+                "key",
             ],
             Door::Enqueue => ENQUEUE_FIELDS,
         }
     }
 
     /// The name the SQL function `job_check()` knows it by.
+    /// The fields this door took at schema version `version` (a migration's rendering).
+    pub fn fields_as_of(self, version: u32) -> Vec<&'static str> {
+        self.fields()
+            .iter()
+            .filter(|f| {
+                ADDED_FIELDS
+                    .iter()
+                    .all(|(added, since)| added != *f || *since <= version)
+            })
+            .copied()
+            .collect()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Door::Message => "message",
@@ -451,6 +475,39 @@ pub fn check_key(k: &str) -> Result<(), String> {
         return Err(format!(
             "contains {}; a key may not hold control or invisible characters",
             char_name(c)
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a job's `key` (a customer, a tenant: what groups a job with others). A key appears
+/// wherever an id does — dashboard URLs, CLI arguments, log lines, headers — so it follows
+/// the rules of an id ([`check_id`]: 1 to [`MAX_ID_BYTES`] bytes, none of [`ID_FORBIDDEN`],
+/// not `.` or `..`), in its own words. (Not an idempotency key: see [`check_key`].)
+pub fn check_job_key(k: &str) -> Result<(), String> {
+    if k.is_empty() {
+        return Err(format!(
+            "must not be empty; a key is 1 to {MAX_ID_BYTES} bytes, e.g. \"customer-42\" \
+             (leave the field out for a job without a key)"
+        ));
+    }
+    if k.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "is {} bytes long, the limit is {MAX_ID_BYTES}; a key names a group of jobs \
+             (e.g. \"customer-42\"), not their data",
+            k.len()
+        ));
+    }
+    if let Some(c) = k.chars().find(|&c| forbidden_in(c, ID_FORBIDDEN)) {
+        return Err(format!(
+            "contains {}; a key may not hold control characters, whitespace, invisible \
+             characters, / ? or # (keys appear in URLs, command lines and logs)",
+            char_name(c)
+        ));
+    }
+    if k == "." || k == ".." {
+        return Err(format!(
+            "{k:?} cannot be a key (URL paths collapse it); add a letter or digit"
         ));
     }
     Ok(())
@@ -745,6 +802,8 @@ pub struct Spec {
     pub expires_at_ms: Option<i64>,
     /// Not started this long after it is enqueued (ms), the job never runs.
     pub expires_in_ms: Option<i64>,
+    /// What groups the job with others (a customer, a tenant), e.g. `customer-42`.
+    pub key: Option<String>,
 }
 
 impl Spec {
@@ -783,6 +842,7 @@ impl Spec {
             "expires_in",
             self.expires_in_ms.map(|ms| Value::from(format!("{ms}ms"))),
         );
+        put("key", self.key.clone().map(Value::from));
         Value::Object(m)
     }
 }
@@ -957,6 +1017,14 @@ fn check_at(
         }
     };
     let (expires_at_ms, expires_in_ms) = check_expiry(obj, at)?;
+    // The key (version 20), checked last in SQL too: the first field refused is the same.
+    let key = match string(obj, at, "key")? {
+        Some(k) => {
+            check_job_key(k).map_err(|e| Refused::bad(&join(at, "key"), e))?;
+            Some(k.to_string())
+        }
+        None => None,
+    };
     let narrow = |v: Option<i64>| v.map(|v| v as i32);
     Ok(Spec {
         id,
@@ -973,6 +1041,7 @@ fn check_at(
         depends_on,
         expires_at_ms,
         expires_in_ms,
+        key,
     })
 }
 
@@ -1047,18 +1116,10 @@ fn sql_class(table: &[(char, char)]) -> String {
 
 /// The values the SQL template's `{{NAME}}` placeholders take: every limit, table and field
 /// list above.
-pub fn sql_values() -> Vec<(&'static str, String)> {
-    let list = |d: Door| {
-        d.fields()
+pub fn sql_values() -> Vec<(String, String)> {
+    let list_as_of = |d: Door, version: u32| {
+        d.fields_as_of(version)
             .iter()
-            .map(|f| format!("'{f}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let v14_list = |d: Door| {
-        d.fields()
-            .iter()
-            .filter(|f| !EXPIRY_FIELDS.contains(f))
             .map(|f| format!("'{f}'"))
             .collect::<Vec<_>>()
             .join(", ")
@@ -1068,7 +1129,7 @@ pub fn sql_values() -> Vec<(&'static str, String)> {
         .map(|(u, ns)| format!("('{u}', {ns})"))
         .collect::<Vec<_>>()
         .join(", ");
-    vec![
+    let mut values = [
         ("MAX_ID_BYTES", MAX_ID_BYTES.to_string()),
         ("MAX_KEY_BYTES", MAX_KEY_BYTES.to_string()),
         ("MAX_QUEUE_BYTES", MAX_QUEUE_BYTES.to_string()),
@@ -1098,15 +1159,26 @@ pub fn sql_values() -> Vec<(&'static str, String)> {
         ("ID_FORBIDDEN", sql_class(ID_FORBIDDEN)),
         ("KEY_FORBIDDEN", sql_class(KEY_FORBIDDEN)),
         ("DURATION_UNITS", units),
-        ("MESSAGE_FIELDS", list(Door::Message)),
-        // Version 14 renders the field lists as they were before expiry (version 18):
-        // an applied migration must render the same text again.
-        ("V14_MESSAGE_FIELDS", v14_list(Door::Message)),
-        ("V14_THEN_FIELDS", v14_list(Door::Then)),
-        ("V14_ENQUEUE_FIELDS", v14_list(Door::Enqueue)),
-        ("THEN_FIELDS", list(Door::Then)),
-        ("ENQUEUE_FIELDS", list(Door::Enqueue)),
     ]
+    .into_iter()
+    .map(|(name, value)| (name.to_string(), value))
+    .collect::<Vec<_>>();
+    // Each migration that lists the fields renders them as they were at its version
+    // (`V14_MESSAGE_FIELDS`…; there is no unversioned list): an applied migration must
+    // render the same text again.
+    for &version in FIELD_LIST_VERSIONS {
+        for (door, name) in [
+            (Door::Message, "MESSAGE"),
+            (Door::Then, "THEN"),
+            (Door::Enqueue, "ENQUEUE"),
+        ] {
+            values.push((
+                format!("V{version}_{name}_FIELDS"),
+                list_as_of(door, version),
+            ));
+        }
+    }
+    values
 }
 
 /// Fills a SQL template's `{{NAME}}` placeholders with [`sql_values`]. Panics on a
@@ -1179,6 +1251,16 @@ pub fn json_schema() -> Value {
         "pattern": format!("^[^{}]+$", ecma_class(KEY_FORBIDDEN)),
         "description": format!("1 to {MAX_KEY_BYTES} bytes without control or invisible characters. Unique per queue: a later message with the same key in the same queue is dropped."),
     });
+    let job_key = json!({
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": MAX_ID_BYTES,
+        "pattern": format!("^[^{}]+$", ecma_class(ID_FORBIDDEN)),
+        "not": {"enum": [".", ".."]},
+        "description": format!(
+            "What groups the job with others (a customer, a tenant), e.g. \"customer-42\". The rules of an id: 1 to {MAX_ID_BYTES} bytes (UTF-8); no control characters, whitespace, invisible formatting characters, '/', '?' or '#'; not '.' or '..'. Absent: the queue's key_from (a payload field or a header), if the queue names one. Not an idempotency key: many jobs share a key."
+        ),
+    });
     let backoff = json!({
         "description": "This job's retry backoff, instead of its queue's. The delay after failed attempt n is base (fixed), base*n (linear) or base*2^(n-1) (exponential), capped at max, then spread by ±jitter/2.",
         "type": ["object", "null"],
@@ -1219,7 +1301,8 @@ pub fn json_schema() -> Value {
             "idempotency_key": {"$ref": "#/$defs/key"},
             "backoff": {"$ref": "#/$defs/backoff"},
             "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}},
-            "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after it is created (when its parent completed), it never runs: it ends `cancelled` as expired. Above zero."}
+            "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after it is created (when its parent completed), it never runs: it ends `cancelled` as expired. Above zero."},
+            "key": {"$ref": "#/$defs/jobKey"}
         }
     });
     let fields: Vec<&str> = Door::Message.fields().to_vec();
@@ -1227,7 +1310,7 @@ pub fn json_schema() -> Value {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "jobwarden job message body",
         "description": format!(
-            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes); (6) `expires_at_ms` and `expires_in` are never both given. See docs/message-format.md.",
+            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id`, `key` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes); (6) `expires_at_ms` and `expires_in` are never both given. See docs/message-format.md.",
             DEFAULT_MAX_PAYLOAD_BYTES
         ),
         "oneOf": [{"$ref": "#/$defs/envelope"}, {"$ref": "#/$defs/plain"}],
@@ -1256,6 +1339,7 @@ pub fn json_schema() -> Value {
                     },
                     "expires_at_ms": whole(0, MAX_RUN_AT_MS, "Not started by this instant (Unix milliseconds), the job never runs: it ends `cancelled` with last_error `expired: not started by <instant>`. Already past: it ends so at once. A job running when the instant passes runs to its end. Not with expires_in."),
                     "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after the message was stored by the stream, the job never runs (as expires_at_ms). Above zero. Absent (and no expires_at_ms): the queue's expire_after, if it has one. Not with expires_at_ms."},
+                    "key": {"$ref": "#/$defs/jobKey"},
                     "depends_on": {
                         "description": "Not accepted in a published message: a job that waits for others must be stored before anything runs it (SQL enqueue(..., depends_on => ...), the Rust client, or `jobwarden enqueue --depends-on`). A message with this key is dead-lettered with that reason.",
                         "not": {}
@@ -1273,6 +1357,7 @@ pub fn json_schema() -> Value {
             "storable": storable,
             "id": id,
             "key": key,
+            "jobKey": job_key,
             "duration": duration,
             "backoff": backoff,
             "thenJob": then_job
@@ -1657,7 +1742,84 @@ mod tests {
             assert!(v14.contains(list), "{list}");
         }
         assert!(!v14.contains("expires"));
+        // Version 18 keeps the lists it had before the key (version 20) was added.
         let v18 = render_sql(include_str!("../migrations/V18__job_expiry.sql"));
-        assert!(v18.contains("'depends_on', 'expires_at_ms', 'expires_in']"));
+        for list in [
+            "ARRAY['id', 'payload', 'priority', 'max_attempts', 'timeout_ms', 'idempotency_key', 'run_at_ms', 'backoff', 'then', 'depends_on', 'expires_at_ms', 'expires_in']",
+            "ARRAY['queue', 'payload', 'id', 'priority', 'max_attempts', 'timeout_ms', 'delay_ms', 'idempotency_key', 'backoff', 'then', 'expires_in']",
+            "ARRAY['id', 'queue', 'payload', 'priority', 'max_attempts', 'timeout_ms', 'idempotency_key', 'run_at_ms', 'delay_ms', 'backoff', 'then', 'depends_on', 'expires_at_ms', 'expires_in']",
+        ] {
+            assert!(v18.contains(list), "{list}");
+        }
+        let v20 = render_sql(include_str!("../migrations/V20__job_keys.sql"));
+        for door in [Door::Message, Door::Then, Door::Enqueue] {
+            let list = door
+                .fields()
+                .iter()
+                .map(|f| format!("'{f}'"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            assert!(v20.contains(&format!("ARRAY[{list}]")), "{door}: {list}");
+            assert!(door.fields().contains(&"key"), "{door}");
+        }
+    }
+
+    #[test]
+    fn a_jobs_key_follows_the_rules_of_an_id_in_its_own_words() {
+        for ok in [
+            "customer-42",
+            "a:1",
+            "日本",
+            "a.b",
+            "...",
+            "🦀",
+            &"k".repeat(MAX_ID_BYTES),
+        ] {
+            assert_eq!(check_job_key(ok), Ok(()), "{ok}");
+        }
+        for (bad, words) in [
+            ("", "must not be empty"),
+            (".", "\".\" cannot be a key"),
+            ("..", "\"..\" cannot be a key"),
+            ("a b", "contains U+0020; a key may not hold"),
+            ("a/b", "contains '/'; a key may not hold"),
+            ("x\u{200B}y", "contains U+200B"),
+            (
+                &"k".repeat(MAX_ID_BYTES + 1),
+                "is 201 bytes long, the limit is 200",
+            ),
+        ] {
+            let e = check_job_key(bad).unwrap_err();
+            assert!(e.contains(words), "{bad:?}: {e}");
+            assert_eq!(check_job_key(bad).is_ok(), check_id(bad).is_ok(), "{bad:?}");
+        }
+        // At every door, named `key` (a path inside a `then` tree).
+        for door in [Door::Message, Door::Then, Door::Enqueue] {
+            let ok = spec(
+                json!({"queue": "q", "payload": {}, "key": "customer-42"}),
+                door,
+            )
+            .or_else(|_| spec(json!({"payload": {}, "key": "customer-42"}), door))
+            .unwrap();
+            assert_eq!(ok.key.as_deref(), Some("customer-42"), "{door}");
+        }
+        let e = spec(json!({"payload": {}, "key": 42}), Door::Message).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "field `key` must be a string, found a number"
+        );
+        let e = spec(
+            json!({"payload": {}, "then": [{"queue": "q", "payload": {}, "key": ".."}]}),
+            Door::Message,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), "then[1].key", "{e}");
+        // A `then` job keeps its key (it is checked again at the `then` door).
+        let top = spec(
+            json!({"payload": {}, "then": [{"queue": "q", "payload": {}, "key": "c-1"}]}),
+            Door::Message,
+        )
+        .unwrap();
+        assert_eq!(top.then.unwrap()[0]["key"], json!("c-1"));
     }
 }

@@ -47,6 +47,10 @@ pub struct CronConfig {
     /// expired), e.g. "10m"; none by default (the queue's `expire_after` then applies).
     #[serde(default, with = "humantime_serde")]
     pub expires_in: Option<Duration>,
+    /// The key of every fire's job (what groups it with others, e.g. "reports"), checked by
+    /// the job contract at load; none by default.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 fn empty_object() -> serde_json::Value {
@@ -161,6 +165,9 @@ impl Schedule {
         spec.insert("id".into(), fire_id(name, Utc::now()).into());
         if let Some(e) = c.expires_in {
             spec.insert("expires_in".into(), format!("{}ns", e.as_nanos()).into());
+        }
+        if let Some(k) = &c.key {
+            spec.insert("key".into(), k.clone().into());
         }
         if let Err(e) = crate::contract::check_spec(&spec, crate::contract::Door::Enqueue, None) {
             errs.push(match e.field() {
@@ -302,6 +309,7 @@ mod tests {
             priority: Priority::new(5).unwrap(),
             missed: Missed::Skip,
             expires_in: None,
+            key: None,
         }
     }
 

@@ -121,7 +121,8 @@ pub struct NewJob {
     /// Not started by this instant (Unix ms), it never runs: `expires_at_ms`, or
     /// `expires_in` counted from when the stream stored the message.
     pub expires_at_ms: Option<i64>,
-    /// The job's key (per-key limits, fair turns): `key`, or the queue's `key_from`.
+    /// What groups the job with others (a customer, a tenant): the envelope's `key`, or
+    /// where the queue's `key_from` says a message carries it (checked by the contract).
     pub key: Option<String>,
 }
 
@@ -307,7 +308,7 @@ pub fn decode(
             spec.expires_in_ms
                 .map(|ms| stored_ms(origin).saturating_add(ms))
         }),
-        key: None,
+        key: spec.key,
     })
 }
 

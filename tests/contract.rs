@@ -159,6 +159,14 @@ proptest! {
         let key_rust = contract::check_key(&text).is_ok();
         let key_sql = sql("SELECT contract_check_key($1, 'k')", &[&text]).is_ok();
         prop_assert_eq!(key_rust, key_sql, "key {:?}", text);
+        // A job's key follows the rules of an id, in its own words.
+        let job_key_rust = contract::check_job_key(&text);
+        let job_key_sql = sql("SELECT contract_check_job_key($1, 'key')", &[&text]);
+        prop_assert_eq!(job_key_rust.is_ok(), job_key_sql.is_ok(), "job key {:?}", text);
+        prop_assert_eq!(job_key_rust.is_ok(), id_rust, "job key and id {:?}", text);
+        if let (Err(rust), Err(sql)) = (&job_key_rust, &job_key_sql) {
+            prop_assert_eq!(sql.clone(), format!("jobwarden: field `key` is invalid: {rust}"));
+        }
     }
 }
 
@@ -199,7 +207,7 @@ fn the_generators_reach_acceptance_and_refusal_of_every_field() {
             }
         }
     }
-    for f in ["expires_at_ms", "expires_in"] {
+    for f in ["expires_at_ms", "expires_in", "key"] {
         assert!(taken.contains(f), "no spec accepted with {f}: {taken:?}");
     }
 }
@@ -226,6 +234,16 @@ fn the_same_error_text_at_both_doors() {
             Door::Message,
         ),
         (r#"{"payload":{},"id":".."}"#, Door::Message),
+        // A job's key: the rules of an id, in its own words, at every door.
+        (r#"{"payload":{},"key":".."}"#, Door::Message),
+        (r#"{"payload":{},"key":""}"#, Door::Message),
+        (r#"{"queue":"q","payload":{},"key":"a b"}"#, Door::Enqueue),
+        (r#"{"queue":"q","payload":{},"key":"a/b"}"#, Door::Then),
+        (r#"{"queue":"q","payload":{},"key":7}"#, Door::Enqueue),
+        (
+            r#"{"payload":{},"then":[{"queue":"q","payload":{},"key":"x\u200by"}]}"#,
+            Door::Message,
+        ),
     ] {
         let obj: Map<String, Value> = serde_json::from_str(text).unwrap();
         let rust = contract::check_spec(&obj, door, None)

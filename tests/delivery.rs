@@ -37,59 +37,11 @@ fn recorder() -> (Arc<dyn jobwarden::Handler>, Seen) {
     (h, seen)
 }
 
-/// Leaves `n` plain messages delivered to a worker that dies before claiming them: a worker
-/// started with `config` waits for work, then receives them and blocks on a lock held on
-/// `jobs`; it is killed with SIGKILL, its blocked statement is ended (so it never commits),
-/// and the lock goes.
+/// Leaves `n` plain messages delivered to a worker that dies before claiming them (see
+/// [`common::strand_in_a_killed_worker`]).
 async fn strand_in_a_killed_worker(env: &TestEnv, config: &jobwarden::config::Config, n: usize) {
-    let mut a = ChildWorker::spawn(config, "pod-a");
-    // Started (its connections warmed, which the lock below would hold up) and pulling.
-    let pulling = || async {
-        let lane = jobwarden::broker::Lane::bare("work");
-        let mut c = env.broker.consumer(&lane).await.unwrap();
-        c.info().await.is_ok_and(|i| i.num_waiting > 0)
-    };
-    assert!(
-        wait_for(Duration::from_secs(20), pulling).await,
-        "the worker never pulled"
-    );
-    let mut locker = env.store.raw().await.unwrap();
-    let tx = locker.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE jobs IN SHARE MODE")
-        .await
-        .unwrap();
-    for i in 0..n {
-        env.publish_raw("work", format!(r#"{{"n":{i}}}"#)).await;
-    }
-    let c = env.store.raw().await.unwrap();
-    let waiting = || async {
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE application_name = 'jobwarden' AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        n
-    };
-    assert!(
-        wait_for(Duration::from_secs(20), || async {
-            waiting().await > 0 && env.consumer_backlog("work").await == (0, n)
-        })
-        .await,
-        "the worker never received them all and tried to claim"
-    );
-    a.kill9();
-    c.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE application_name = 'jobwarden' AND wait_event_type = 'Lock'",
-        &[],
-    )
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
+    let bodies: Vec<String> = (0..n).map(|i| format!(r#"{{"n":{i}}}"#)).collect();
+    common::strand_in_a_killed_worker(env, config, &bodies).await;
 }
 
 /// A `work` queue handled over HTTP by `app`, plus `extra` settings.

@@ -5,35 +5,12 @@
 
 mod common;
 
-use common::{text, wait_for, TestEnv};
+use common::{recording, text, wait_for, TestEnv};
 use jobwarden::client::{Client, ClientError, EnqueueOptions};
-use jobwarden::handler::{from_fn, Handler, JobError};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const EMAIL: &str =
     "[queues.email]\nconcurrency = 4\nhandler = { kind = \"rust\", name = \"work\" }\n";
-
-/// A handler that records every job id it is given, and fails the jobs named `fail-*`
-/// (retryable).
-fn recording() -> (Arc<dyn Handler>, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    let h = from_fn(move |job| {
-        let s = s.clone();
-        async move {
-            s.lock().unwrap().push(job.id.clone());
-            if job.id.starts_with("fail-") {
-                return Err(JobError::retry("failing on purpose"));
-            }
-            if job.id.starts_with("slow-") {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-            Ok(None)
-        }
-    });
-    (h, seen)
-}
 
 async fn last_error(env: &TestEnv, id: &str) -> Option<String> {
     let c = env.store.raw().await.unwrap();
@@ -495,6 +472,7 @@ async fn a_cron_fire_expires_its_expires_in_after_its_own_time() {
         priority: Default::default(),
         missed: jobwarden::cron::Missed::RunOnce,
         expires_in: Some(Duration::from_secs(10)),
+        key: None,
     };
     let schedule = jobwarden::cron::Schedule::new("tick", &cfg).unwrap();
     env.store.cron_tick(&schedule).await.unwrap();

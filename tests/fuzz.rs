@@ -118,6 +118,13 @@ fn decode_property(body: &[u8], msg_id: Option<&str>) -> Result<(), TestCaseErro
             prop_assert!(contract::check_id(&job.id).is_ok(), "{:?}", job.id);
             prop_assert!(contract::check_payload(&job.payload, "payload", None).is_ok());
             prop_assert!((0..=9).contains(&job.priority));
+            prop_assert!(
+                job.key
+                    .as_deref()
+                    .is_none_or(|k| contract::check_job_key(k).is_ok()),
+                "{:?}",
+                job.key
+            );
             // …round-trips through the row and the message the scheduler makes of it…
             let envelope = republished(&job, job.max_attempts.unwrap_or(5));
             let Value::Object(obj) = serde_json::to_value(&envelope).unwrap() else {

@@ -228,6 +228,7 @@ async fn a_run_once_schedule_runs_once_after_a_long_downtime() {
         priority: Default::default(),
         missed: jobwarden::cron::Missed::RunOnce,
         expires_in: None,
+        key: None,
     };
     let schedule = jobwarden::cron::Schedule::new("tick", &cfg).unwrap();
     // First sight, then two days down.

@@ -17,7 +17,7 @@ mod load;
 mod retention;
 mod values;
 pub use retention::{Policy, QueueKeep, RetentionConfig, FINISHED};
-pub use values::{KeepFor, Listen, ListenAddr, RateLimit};
+pub use values::{KeepFor, KeyFrom, Listen, ListenAddr, RateLimit};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const DEFAULT_SCHEMA: &str = "jobwarden";
@@ -281,6 +281,11 @@ pub struct QueueConfig {
     /// `cancelled` as expired. None by default.
     #[serde(with = "humantime_serde", default)]
     pub expire_after: Option<Duration>,
+    /// Where this queue's messages carry their job's key when the envelope names none:
+    /// `"payload:/customer/id"` (an RFC 6901 JSON pointer into the payload) or
+    /// `"header:X-Customer"` (a NATS header). Messages only (SQL, the CLI, the Rust client
+    /// and cron name the key itself). None by default.
+    pub key_from: Option<KeyFrom>,
     /// Priorities are strict by default (0 = none); with N, every Nth pull serves the
     /// lower-priority lanes that have work, in turn, so they never starve.
     pub fair_every: u32,
@@ -423,6 +428,7 @@ impl Default for QueueConfig {
             backoff: Backoff::default(),
             stale_after: None,
             expire_after: None,
+            key_from: None,
             fair_every: 0,
             global_concurrency: None,
             rate_limit: None,

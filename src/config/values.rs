@@ -1,5 +1,6 @@
 //! Setting values written as text in the file and parsed once, at load: an address to
-//! listen on, a listener that may be off, a rate limit. Each keeps its text form for
+//! listen on, a listener that may be off, a rate limit, where a queue's messages carry their
+//! key. Each keeps its text form for
 //! `jobwarden config show`, and a value that does not parse is an error naming the setting,
 //! the value and the right form.
 
@@ -63,7 +64,7 @@ impl fmt::Display for Listen {
     }
 }
 
-text_form!(ListenAddr, Listen, RateLimit, KeepFor);
+text_form!(ListenAddr, Listen, RateLimit, KeepFor, KeyFrom);
 
 impl Listen {
     /// The address, unless the listener is off.
@@ -175,6 +176,122 @@ impl fmt::Display for KeepFor {
     }
 }
 
+/// Where a queue's messages carry their job's key when the envelope names none
+/// (`[queues.<name>] key_from`): a field of the payload, as an RFC 6901 JSON pointer
+/// (`"payload:/customer/id"`), or a NATS header (`"header:X-Customer"`, matched exactly:
+/// NATS header names are case-sensitive). Messages only: SQL, the CLI, the Rust client and
+/// cron name the key itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum KeyFrom {
+    /// A JSON pointer into the payload, e.g. `/customer/id` (never empty: the payload
+    /// itself is an object, never a key).
+    Payload(String),
+    /// A header's name, as the NATS client accepts it (printable ASCII, no ':').
+    Header(String),
+}
+
+impl FromStr for KeyFrom {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let form = "write \"payload:<JSON pointer>\" (RFC 6901, e.g. \"payload:/customer/id\") \
+                    or \"header:<name>\" (e.g. \"header:X-Customer\")";
+        match text.split_once(':') {
+            Some(("payload", pointer)) => {
+                if pointer.is_empty() {
+                    return Err(format!(
+                        "{text:?} names the whole payload, an object, never a key: name a field \
+                         in it; {form}"
+                    ));
+                }
+                if !pointer.starts_with('/') {
+                    return Err(format!(
+                        "{text:?} is not a JSON pointer: one starts with '/' and separates \
+                         fields by '/' (\"customer.id\" is written \"/customer/id\"); {form}"
+                    ));
+                }
+                let mut escapes = pointer.split('~').skip(1);
+                if escapes.any(|after| !after.starts_with(['0', '1'])) {
+                    return Err(format!(
+                        "{text:?} has a '~' followed by neither 0 nor 1: a JSON pointer writes \
+                         '~' in a field's name as ~0 and '/' as ~1; {form}"
+                    ));
+                }
+                Ok(KeyFrom::Payload(pointer.to_string()))
+            }
+            Some(("header", name)) => {
+                if name.is_empty() || name.contains(|c: char| !c.is_ascii_graphic() || c == ':') {
+                    return Err(format!(
+                        "{text:?} does not name a header: a NATS header name is 1 or more \
+                         printable ASCII characters without spaces or ':'; {form}"
+                    ));
+                }
+                Ok(KeyFrom::Header(name.to_string()))
+            }
+            _ => Err(format!("{text:?} does not say where the key is; {form}")),
+        }
+    }
+}
+
+impl fmt::Display for KeyFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyFrom::Payload(pointer) => write!(f, "payload:{pointer}"),
+            KeyFrom::Header(name) => write!(f, "header:{name}"),
+        }
+    }
+}
+
+impl KeyFrom {
+    /// The key a message of queue `queue` carries where this says: `payload` is the job's
+    /// payload, `header` reads a header of the message by name. A string is the key as it
+    /// is, a whole number (an integer, as JSON writes it) its decimal text; nothing there
+    /// (or JSON null) is no key. Any other value, or a text the job contract refuses as a
+    /// key, is refused naming the field `key`, the setting and what was found (never the
+    /// value itself: it may be long, or hold what a log line must not).
+    pub fn pick(
+        &self,
+        queue: &str,
+        payload: &serde_json::Value,
+        header: impl FnOnce(&str) -> Option<String>,
+    ) -> Result<Option<String>, crate::contract::Refused> {
+        use serde_json::Value;
+        let refuse = |found: String| crate::contract::Refused::BadValue {
+            field: "key".into(),
+            reason: format!("queues.{queue}.key_from = \"{self}\" found {found}"),
+        };
+        let key = match self {
+            KeyFrom::Header(name) => match header(name) {
+                None => return Ok(None),
+                Some(text) => text,
+            },
+            KeyFrom::Payload(pointer) => match payload.pointer(pointer) {
+                None | Some(Value::Null) => return Ok(None),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                Some(Value::Number(n)) => {
+                    return Err(refuse(format!(
+                        "the number {n}, which is not an integer; a key taken from the payload \
+                         is a string or an integer, e.g. \"customer-42\" or 42"
+                    )))
+                }
+                Some(other) => {
+                    return Err(refuse(format!(
+                        "{}; a key taken from the payload is a string or an integer, e.g. \
+                         \"customer-42\" or 42",
+                        crate::contract::json_kind(other)
+                    )))
+                }
+            },
+        };
+        match crate::contract::check_job_key(&key) {
+            Ok(()) => Ok(Some(key)),
+            Err(why) => Err(refuse(format!("a text that is no valid key ({why})"))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +343,114 @@ mod tests {
         assert!("-1d".parse::<KeepFor>().is_err());
         assert!("3651d".parse::<KeepFor>().is_err());
         assert_eq!("1h".parse::<KeepFor>().unwrap().0, KeepFor::SHORTEST);
+    }
+
+    #[test]
+    fn key_from_parses_a_pointer_or_a_header_prints_back_or_says_the_right_form() {
+        for text in [
+            "payload:/customer/id",
+            "payload:/a~1b/0",
+            "payload:/",
+            "header:X-Customer",
+        ] {
+            let k: KeyFrom = text.parse().unwrap();
+            assert_eq!(k.to_string(), text);
+        }
+        assert_eq!(
+            "header:X-Customer".parse::<KeyFrom>(),
+            Ok(KeyFrom::Header("X-Customer".into()))
+        );
+        for (bad, words) in [
+            ("customer", "does not say where the key is"),
+            ("body:/customer", "does not say where the key is"),
+            ("payload:", "names the whole payload"),
+            ("payload:customer.id", "is not a JSON pointer"),
+            ("payload:/a~2", "followed by neither 0 nor 1"),
+            ("payload:/a~", "followed by neither 0 nor 1"),
+            ("header:", "does not name a header"),
+            ("header:X Customer", "does not name a header"),
+            ("header:X:Customer", "does not name a header"),
+            ("header:Ünder", "does not name a header"),
+        ] {
+            let e = bad.parse::<KeyFrom>().unwrap_err();
+            assert!(
+                e.contains(words) && e.contains("\"payload:/customer/id\""),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn key_from_takes_a_string_or_an_integer_and_refuses_the_rest_naming_the_field() {
+        use serde_json::json;
+        let from: KeyFrom = "payload:/customer/id".parse().unwrap();
+        let pick = |payload: serde_json::Value| from.pick("email", &payload, |_| None);
+        assert_eq!(
+            pick(json!({"customer": {"id": "c-42"}})),
+            Ok(Some("c-42".into()))
+        );
+        assert_eq!(pick(json!({"customer": {"id": 42}})), Ok(Some("42".into())));
+        assert_eq!(
+            pick(json!({"customer": {"id": u64::MAX}})),
+            Ok(Some(u64::MAX.to_string()))
+        );
+        assert_eq!(pick(json!({"customer": {"id": -7}})), Ok(Some("-7".into())));
+        assert_eq!(pick(json!({"customer": {"id": null}})), Ok(None));
+        assert_eq!(pick(json!({"customer": {}})), Ok(None));
+        assert_eq!(pick(json!({"customer": "c-42"})), Ok(None));
+        for (value, words) in [
+            (
+                json!({"id": 1}),
+                "found an object; a key taken from the payload is a string",
+            ),
+            (json!([1]), "found an array"),
+            (json!(true), "found a boolean"),
+            (json!(1.5), "found the number 1.5, which is not an integer"),
+            (
+                json!(42.0),
+                "found the number 42.0, which is not an integer",
+            ),
+            (
+                json!(""),
+                "found a text that is no valid key (must not be empty",
+            ),
+            (json!("a b"), "(contains U+0020"),
+            (json!(".."), "(\"..\" cannot be a key"),
+            (
+                json!("k".repeat(201)),
+                "(is 201 bytes long, the limit is 200",
+            ),
+        ] {
+            let e = pick(json!({"customer": {"id": value}})).unwrap_err();
+            assert_eq!(e.field(), "key");
+            let text = e.to_string();
+            assert!(
+                text.starts_with(
+                    "field `key` is invalid: queues.email.key_from = \"payload:/customer/id\" found "
+                ) && text.contains(words),
+                "{text}"
+            );
+        }
+        let from: KeyFrom = "header:X-Customer".parse().unwrap();
+        let seen = std::cell::Cell::new(String::new());
+        let got = from.pick("email", &json!({"customer": "ignored"}), |name| {
+            seen.set(name.to_string());
+            Some("c-7".into())
+        });
+        assert_eq!(
+            (got, seen.take()),
+            (Ok(Some("c-7".into())), "X-Customer".into())
+        );
+        assert_eq!(from.pick("email", &json!({}), |_| None), Ok(None));
+        let e = from
+            .pick("email", &json!({}), |_| Some("a/b".into()))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "key_from = \"header:X-Customer\" found a text that is no valid key (contains '/'"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ impl Store {
                         &id,
                         &c.expires_in
                             .map(|e| e.as_millis().min(i64::MAX as u128) as i64),
+                        &c.key,
                     ],
                 )
                 .await?

@@ -34,6 +34,8 @@ pub struct JobRow {
     pub pipeline: Option<String>,
     /// Not started by then, it never runs (ends `cancelled` as expired).
     pub expires_at: Option<String>,
+    /// What groups it with other jobs (a customer, a tenant), if it has a key.
+    pub key: Option<String>,
 }
 
 /// One attempt of a job.
@@ -74,6 +76,7 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
         completed_at: r.get(19),
         pipeline: r.get(20),
         expires_at: r.get(21),
+        key: r.get(22),
     }
 }
 
@@ -127,15 +130,18 @@ impl Store {
         })))
     }
 
-    /// Newest first, filtered by queue and/or status.
+    /// Newest first, filtered by queue, status and/or key.
     pub async fn job_list(
         &self,
         queue: Option<&str>,
         status: Option<&str>,
+        key: Option<&str>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
         let c = self.ops().await?;
-        let rows = c.query(sql::JOB_LIST, &[&queue, &status, &limit]).await?;
+        let rows = c
+            .query(sql::JOB_LIST, &[&queue, &status, &limit, &key])
+            .await?;
         Ok(rows.into_iter().map(job_row).collect())
     }
 
@@ -319,7 +325,7 @@ mod tests {
         };
         let get = columns(crate::store::sql::JOB_GET);
         assert!(
-            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"),
+            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), key"),
             "{get}"
         );
         assert_eq!(columns(crate::store::sql::JOB_LIST), get);

@@ -21,11 +21,14 @@ pub(super) struct Columns<'a> {
     priorities: Vec<i16>,
     max_attempts: Vec<i32>,
     timeouts: Vec<Option<i32>>,
-    keys: Vec<Option<&'a str>>,
+    idempotency_keys: Vec<Option<&'a str>>,
     run_ats: Vec<Option<i64>>,
     backoffs: Vec<Option<Value>>,
     traces: Vec<Option<&'a str>>,
     thens: Vec<Option<&'a Value>>,
+    /// The jobs' keys (`jobs.key`): not among [`Columns::params`], each statement takes them
+    /// last ([`Columns::keys`]).
+    keys: Vec<Option<&'a str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -38,11 +41,12 @@ impl<'a> Columns<'a> {
             priorities: Vec::with_capacity(n),
             max_attempts: Vec::with_capacity(n),
             timeouts: Vec::with_capacity(n),
-            keys: Vec::with_capacity(n),
+            idempotency_keys: Vec::with_capacity(n),
             run_ats: Vec::with_capacity(n),
             backoffs: Vec::with_capacity(n),
             traces: Vec::with_capacity(n),
             thens: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
         };
         for i in batch {
             let j = &i.job;
@@ -52,7 +56,7 @@ impl<'a> Columns<'a> {
             c.priorities.push(j.priority);
             c.max_attempts.push(i.max_attempts);
             c.timeouts.push(j.timeout_ms());
-            c.keys.push(j.idempotency_key.as_deref());
+            c.idempotency_keys.push(j.idempotency_key.as_deref());
             c.run_ats.push(j.run_at_ms);
             c.backoffs.push(j.backoff_json());
             // Only a well-formed one is kept (every way in filters it; this is the last door).
@@ -62,8 +66,14 @@ impl<'a> Columns<'a> {
                     .and_then(crate::contract::traceparent),
             );
             c.thens.push(j.then.as_ref());
+            c.keys.push(j.key.as_deref());
         }
         c
+    }
+
+    /// The jobs' keys, the parameter each statement takes after its others.
+    pub(super) fn keys(&self) -> &(dyn ToSql + Sync) {
+        &self.keys
     }
 
     /// The eleven arrays, in the order the statements number them.
@@ -75,7 +85,7 @@ impl<'a> Columns<'a> {
             &self.priorities,
             &self.max_attempts,
             &self.timeouts,
-            &self.keys,
+            &self.idempotency_keys,
             &self.run_ats,
             &self.backoffs,
             &self.traces,
@@ -220,9 +230,9 @@ impl Store {
         Ok(claims)
     }
 
-    /// Runs a claim statement (worker id, stale_after, the batch's columns, their expiries
-    /// and — for `job_claim.sql`, `Some` — the queue's default expiry) and returns its answer
-    /// rows.
+    /// Runs a claim statement (worker id, stale_after, the batch's columns, their expiries,
+    /// — for `job_claim.sql`, `Some` — the queue's default expiry, and last their keys) and
+    /// returns its answer rows.
     async fn claim_rows(
         &self,
         sql: &str,
@@ -241,6 +251,7 @@ impl Store {
         if let Some(d) = &default {
             params.push(d);
         }
+        params.push(cols.keys());
         let client = self.client().await?;
         let st = client.prepare_cached(sql).await?;
         Ok(client.query(&st, &params).await?)

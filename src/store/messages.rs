@@ -106,6 +106,7 @@ impl Store {
                     &backoff,
                     &job.expires_at_ms,
                     &expires_in,
+                    &job.key,
                 ],
             )
             .await?;
@@ -226,6 +227,7 @@ impl Store {
         let expiries: Vec<Option<i64>> = batch.iter().map(|i| i.job.expires_at_ms).collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = cols.params().to_vec();
         params.push(&expiries);
+        params.push(cols.keys());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_ADOPT).await?;
         let rows = client.query(&st, &params).await?;
@@ -253,6 +255,7 @@ impl Store {
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker_id];
         params.extend(cols.params());
         params.push(&reasons);
+        params.push(cols.keys());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_DEAD_KEPT).await?;
         let rows = client.query(&st, &params).await?;

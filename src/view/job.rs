@@ -35,6 +35,8 @@ pub struct JobView {
     /// Not started by then, it never runs; `expired` says it ended so.
     pub expires_at: Option<String>,
     pub idempotency_key: Option<String>,
+    /// What groups it with other jobs (a customer, a tenant), if it has a key.
+    pub key: Option<String>,
     /// The id of the pipeline's first job.
     pub pipeline: Option<String>,
     pub payload: Value,
@@ -137,6 +139,7 @@ impl JobView {
             finished_at: job.completed_at,
             expires_at: job.expires_at,
             idempotency_key: job.idempotency_key,
+            key: job.key,
             pipeline: job.pipeline,
             payload: job.payload,
             result: job.result,
@@ -211,9 +214,11 @@ pub fn pretty(v: &Value) -> String {
 /// dashboard's job page shows the same [`JobView`]).
 pub fn format_job(v: &JobView) -> String {
     let dash = |s: Option<&str>| s.unwrap_or("-").to_string();
-    let mut lines = vec![
-        ("id", v.id.clone()),
-        ("queue", v.queue.clone()),
+    let mut lines = vec![("id", v.id.clone()), ("queue", v.queue.clone())];
+    if let Some(k) = &v.key {
+        lines.push(("key", k.clone()));
+    }
+    lines.extend([
         ("status", v.status.clone()),
         ("waiting for", v.waiting.clone().unwrap_or_default()),
         ("priority", v.priority.to_string()),
@@ -222,7 +227,7 @@ pub fn format_job(v: &JobView) -> String {
             "worker",
             dash(v.worker.as_ref().map(|w| w.text()).as_deref()),
         ),
-    ];
+    ]);
     if let Some(p) = &v.progress {
         lines.push(("progress", p.clone()));
     }
@@ -293,6 +298,7 @@ mod tests {
             completed_at: None,
             pipeline: None,
             expires_at: None,
+            key: None,
         }
     }
 
@@ -352,6 +358,7 @@ mod tests {
     fn jobs_show_prints_the_view_in_aligned_lines() {
         let mut row = job("dead");
         row.last_error = Some("550 mailbox unavailable".into());
+        row.key = Some("customer-42".into());
         let attempt = AttemptRow {
             attempt: 1,
             lease: 3,
@@ -369,6 +376,7 @@ mod tests {
         );
         let out = format_job(&v);
         for line in [
+            "key:           customer-42",
             "status:        dead",
             "waiting for:   dead: waits for nothing",
             "attempts:      2 of 5",

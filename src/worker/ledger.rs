@@ -293,6 +293,7 @@ mod tests {
             backoff: Default::default(),
             stale_after: Duration::from_secs(1),
             expire_after: None,
+            key_from: None,
             fair_every: 0,
             global_cap: None,
             rate: None,

@@ -176,6 +176,9 @@ pub(crate) struct QueuePolicy {
     /// The queue's default expiry (`expire_after`): applied to a message without one, from
     /// when the stream stored it, and at the claim to a row without one, from its creation.
     pub expire_after: Option<Duration>,
+    /// Where the queue's messages carry their key when the envelope names none
+    /// (`key_from`), see [`QueuePolicy::take_key`].
+    pub key_from: Option<crate::config::KeyFrom>,
     /// Every Nth pull serves lower priorities (0: strict).
     pub fair_every: u32,
     /// Jobs running at once across every worker.
@@ -191,6 +194,30 @@ pub(crate) struct QueuePolicy {
     /// The queue is paused (`queue_pauses`, as last read by the scheduler or answered by a
     /// claim): its producer pulls nothing.
     pub paused: AtomicBool,
+}
+
+impl QueuePolicy {
+    /// Gives a message's job the key its queue's `key_from` names, when its envelope named
+    /// none (an envelope's `key` wins). `republished`: the message is one jobwarden
+    /// published from the job's row (a retry, a due or an SQL-enqueued job), which is left
+    /// as it is — the row exists and holds the key its own door gave it (or none), and its
+    /// payload, whatever it holds where key_from looks, must not get it refused. `header`
+    /// reads one of the message's headers by name. The error names the field `key`, the
+    /// setting and what was found.
+    pub fn take_key(
+        &self,
+        job: &mut crate::job::NewJob,
+        republished: bool,
+        header: impl FnOnce(&str) -> Option<String>,
+    ) -> Result<(), crate::contract::Refused> {
+        let Some(from) = &self.key_from else {
+            return Ok(());
+        };
+        if job.key.is_none() && !republished {
+            job.key = from.pick(&self.name, &job.payload, header)?;
+        }
+        Ok(())
+    }
 }
 
 /// What every service of one worker shares.
@@ -415,6 +442,7 @@ impl Worker {
                     backoff: q.backoff,
                     stale_after: q.stale_after.unwrap_or(config.worker.stale_after),
                     expire_after: q.expire_after,
+                    key_from: q.key_from.clone(),
                     fair_every: q.fair_every,
                     global_cap: q.global_concurrency,
                     rate: q.rate_limit,

@@ -213,7 +213,8 @@ impl Reconciler {
     }
 
     /// The job a stored message of `lane` is, as the claim would make it (its id derived
-    /// alike, its priority its lane's), or why it is none.
+    /// alike, its key from the queue's key_from, its priority its lane's), or why it is
+    /// none.
     fn job_of(
         &self,
         lane: &Lane,
@@ -232,6 +233,14 @@ impl Reconciler {
             msg_id: msg_id.as_deref(),
         };
         let mut job = job::decode(&m.payload, &origin, max_bytes).map_err(|e| e.to_string())?;
+        let again = msg_id
+            .as_deref()
+            .is_some_and(|id| super::producer::republished(id, &job.id));
+        self.shared.queues[lane.queue.as_str()]
+            .take_key(&mut job, again, |h| {
+                m.headers.get(h).map(|v| v.as_str().to_string())
+            })
+            .map_err(|e| e.to_string())?;
         if job.priority_named && job.priority != lane.priority() {
             return Err(format!(
                 "field `priority` is invalid: the envelope names priority {}, but the message \

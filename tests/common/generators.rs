@@ -118,7 +118,7 @@ pub const FIELDS: &[&str] = jobwarden::contract::ENQUEUE_FIELDS;
 
 pub fn field_value(field: &'static str, depth: u32) -> BoxedStrategy<Value> {
     match field {
-        "id" | "idempotency_key" => prop_oneof![6 => id_text().prop_map(Value::from), 1 => whole_ish()].boxed(),
+        "id" | "idempotency_key" | "key" => prop_oneof![6 => id_text().prop_map(Value::from), 1 => whole_ish()].boxed(),
         "queue" => prop_oneof![
             5 => prop::sample::select(vec!["email", "a", "pdf-2", "Q_1"]).prop_map(Value::from),
             2 => "[a-zA-Z0-9_.\\- é]{0,8}".prop_map(Value::from),

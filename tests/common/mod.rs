@@ -681,6 +681,83 @@ impl RecordingApp {
     }
 }
 
+/// Leaves messages (`bodies`, published to `jobs.work`) delivered to a worker that dies
+/// before claiming them: a worker started with `config` waits for work, then receives them
+/// and blocks on a lock held on `jobs`; it is killed with SIGKILL, its blocked statement is
+/// ended (so it never commits), and the lock goes.
+pub async fn strand_in_a_killed_worker(env: &TestEnv, config: &Config, bodies: &[String]) {
+    let mut a = ChildWorker::spawn(config, "pod-a");
+    // Started (its connections warmed, which the lock below would hold up) and pulling.
+    let pulling = || async {
+        let lane = jobwarden::broker::Lane::bare("work");
+        let mut c = env.broker.consumer(&lane).await.unwrap();
+        c.info().await.is_ok_and(|i| i.num_waiting > 0)
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), pulling).await,
+        "the worker never pulled"
+    );
+    let mut locker = env.store.raw().await.unwrap();
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE jobs IN SHARE MODE")
+        .await
+        .unwrap();
+    for body in bodies {
+        env.publish_raw("work", body.as_str()).await;
+    }
+    let n = bodies.len();
+    let c = env.store.raw().await.unwrap();
+    let waiting = || async {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'jobwarden' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            waiting().await > 0 && env.consumer_backlog("work").await == (0, n)
+        })
+        .await,
+        "the worker never received them all and tried to claim"
+    );
+    a.kill9();
+    c.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'jobwarden' AND wait_event_type = 'Lock'",
+        &[],
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+}
+
+/// A handler that records every job id it is given, and fails the jobs named `fail-*`
+/// (retryable).
+pub fn recording() -> (Arc<dyn Handler>, Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let h = jobwarden::handler::from_fn(move |job| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(job.id.clone());
+            if job.id.starts_with("fail-") {
+                return Err(jobwarden::handler::JobError::retry("failing on purpose"));
+            }
+            if job.id.starts_with("slow-") {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Ok(None)
+        }
+    });
+    (h, seen)
+}
+
 /// A claim input for a job `id` of queue work with an empty payload.
 fn claim_input(id: &str) -> jobwarden::store::ClaimInput {
     jobwarden::store::ClaimInput {

@@ -167,7 +167,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         // Once work is flowing, crash a worker the hard way and start it again.
         let victim = 1;
         let mine = if !crashed && args.workers > 1 {
-            let running = store.job_list(None, Some("processing"), 1000).await?;
+            let running = store.job_list(None, Some("processing"), None, 1000).await?;
             running
                 .iter()
                 .filter(|j| {
@@ -402,7 +402,7 @@ fn summary_line(counts: &[(String, String, i64)]) -> String {
 }
 
 async fn running_sample(store: &Store) -> Result<Option<String>> {
-    let rows = store.job_list(None, Some("processing"), 20).await?;
+    let rows = store.job_list(None, Some("processing"), None, 20).await?;
     Ok(rows.into_iter().find(|j| j.stage.is_some()).map(|j| {
         format!(
             "{} ({}) on {}: {} {:.0}%",

@@ -90,7 +90,7 @@ enum Command {
         depends_on: Vec<String>,
         /// Jobs to create when this one completes, as JSON: '[{"queue":"pdf","payload":{…},
         /// "then":[…]}]' (fields: queue, payload, id, priority, max_attempts, timeout_ms,
-        /// delay_ms, idempotency_key, backoff, then, expires_in).
+        /// delay_ms, idempotency_key, backoff, then, expires_in, key).
         #[arg(long, value_name = "JSON")]
         then: Option<String>,
         /// Not started by this instant (RFC 3339, e.g. 2026-11-27T03:00:00Z), the job never
@@ -100,6 +100,10 @@ enum Command {
         /// Not started this long after it is enqueued (e.g. 1h), the job never runs.
         #[arg(long, value_parser = humantime::parse_duration)]
         expires_in: Option<Duration>,
+        /// What groups the job with others (a customer, a tenant), e.g. customer-42: the
+        /// rules of a job id. May begin with '-'.
+        #[arg(long, allow_hyphen_values = true)]
+        key: Option<String>,
     },
     /// Inspect jobs.
     Jobs {
@@ -298,6 +302,9 @@ enum JobsCommand {
         queue: Option<String>,
         #[arg(long)]
         status: Option<String>,
+        /// Only the jobs of this key (e.g. customer-42).
+        #[arg(long, allow_hyphen_values = true)]
+        key: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: i64,
         #[arg(long)]
@@ -411,6 +418,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             then,
             expires_at,
             expires_in,
+            key,
         } => {
             let config = Config::load_connections(path.as_deref())?;
             let payload: serde_json::Value = serde_json::from_str(&payload).map_err(|e| {
@@ -443,6 +451,7 @@ async fn real_main(cli: Cli) -> Result<()> {
                 },
                 expires_at,
                 expires_in,
+                key,
             };
             let enq = client
                 .enqueue(&queue, payload, opts)
@@ -734,6 +743,7 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
         JobsCommand::List {
             queue,
             status,
+            key,
             limit,
             json,
         } => {
@@ -746,7 +756,7 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                 }
             }
             let rows = store
-                .job_list(queue.as_deref(), status.as_deref(), limit)
+                .job_list(queue.as_deref(), status.as_deref(), key.as_deref(), limit)
                 .await
                 .context("listing jobs")?;
             if json {

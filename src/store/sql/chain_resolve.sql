@@ -22,7 +22,7 @@ specs AS (
 ),
 created AS (
     INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at)
+                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at, key)
     SELECT s.id, s.spec ->> 'queue', s.spec -> 'payload',
            COALESCE((s.spec ->> 'priority')::int2, 5),
            COALESCE((s.spec ->> 'max_attempts')::int4, 5),
@@ -31,7 +31,8 @@ created AS (
            now() + COALESCE((s.spec ->> 'delay_ms')::int8, 0) * interval '1 millisecond',
            s.spec -> 'then', s.pipeline,
            -- Checked specs hold expires_in as whole milliseconds ("3600000ms").
-           now() + left(s.spec ->> 'expires_in', -2)::int8 * interval '1 millisecond'
+           now() + left(s.spec ->> 'expires_in', -2)::int8 * interval '1 millisecond',
+           s.spec ->> 'key'
     FROM specs s
     ON CONFLICT DO NOTHING
     RETURNING id

@@ -3,19 +3,22 @@
 -- once instead of the message waiting out ack_wait. The ids are the ones the claim would
 -- derive, so a worker claiming the original message at the same moment finds the same row:
 -- one job either way. Rows that exist already are left alone.
--- $1.. one array per column, as in job_claim ($11 the `then` specs, $12 the expiries, Unix ms).
+-- $1.. one array per column, as in job_claim ($11 the `then` specs, $12 the expiries, Unix ms,
+-- $13 the keys).
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::int2[], $5::int4[], $6::int4[],
-                $7::text[], $8::int8[], $9::jsonb[], $10::text[], $11::jsonb[], $12::int8[])
+                $7::text[], $8::int8[], $9::jsonb[], $10::text[], $11::jsonb[], $12::int8[],
+                $13::text[])
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
-              backoff, traceparent, then_jobs, expires_at_ms)
+              backoff, traceparent, then_jobs, expires_at_ms, key)
 ),
 adopted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                           backoff, traceparent, then_jobs, status, scheduled_at, expires_at)
+                           backoff, traceparent, then_jobs, key, status, scheduled_at,
+                           expires_at)
     SELECT id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, backoff,
-           traceparent, then_jobs, 'scheduled',
+           traceparent, then_jobs, key, 'scheduled',
            GREATEST(now(), COALESCE(to_timestamp(run_at_ms / 1000.0), now())),
            to_timestamp(expires_at_ms / 1000.0)
     FROM input

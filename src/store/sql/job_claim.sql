@@ -17,16 +17,18 @@
 -- default as this worker declares it ($15), counted from its created_at, at its first claim.
 -- $1 worker id; $2 the queue's stale_after (ms) as this worker declares it; $3.. one array
 -- per column of the batch; $14 the expiries (Unix ms, NULL for none); $15 the queue's
--- expire_after (ms, NULL for none). The lookups of existing rows take only the ids the insert did not
+-- expire_after (ms, NULL for none); $16 the keys (version 20, NULL for none).
+-- A key is stored with the row a message creates; an existing row keeps its own. The lookups of existing rows take only the ids the insert did not
 -- (`others`, an array: empty for a batch of new jobs, the common case), so the generic plan
 -- reads the primary key for just those instead of joining the table against the batch.
 WITH input AS (
     SELECT *
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
-                $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[])
+                $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[],
+                $16::text[])
          WITH ORDINALITY
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
-              backoff, traceparent, then_jobs, expires_at_ms, idx)
+              backoff, traceparent, then_jobs, expires_at_ms, key, idx)
 ),
 me AS (
     SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL) AS alive,
@@ -34,10 +36,11 @@ me AS (
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      backoff, traceparent, then_jobs, status, attempts, worker_id, lease, started_at,
-                      last_activity_at, stale_at, scheduled_at, expires_at, last_error, completed_at)
+                      backoff, traceparent, then_jobs, key, status, attempts, worker_id, lease,
+                      started_at, last_activity_at, stale_at, scheduled_at, expires_at, last_error,
+                      completed_at)
     SELECT i.id, i.queue, i.payload, i.priority, i.max_attempts, i.timeout_ms, i.idempotency_key,
-           i.backoff, i.traceparent, i.then_jobs,
+           i.backoff, i.traceparent, i.then_jobs, i.key,
            CASE WHEN x.expired THEN 'cancelled'
                 WHEN i.run_at_ms IS NOT NULL AND to_timestamp(i.run_at_ms / 1000.0) > now()
                 THEN 'scheduled' ELSE 'processing' END,

@@ -2,12 +2,14 @@
 -- inserted; the caller then reads the existing one.
 -- $1 id; $2 queue; $3 payload; $4 priority; $5 max_attempts; $6 timeout_ms;
 -- $7 idempotency_key; $8 delay (ms, 0 for none); $9 backoff (NULL: the queue's);
--- $10 expires at (Unix ms, NULL for none); $11 expires in (ms from now, NULL for none).
+-- $10 expires at (Unix ms, NULL for none); $11 expires in (ms from now, NULL for none);
+-- $12 the key (NULL for none).
 INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                  backoff, status, scheduled_at, expires_at)
+                  backoff, status, scheduled_at, expires_at, key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $9,
         CASE WHEN $8::int8 > 0 THEN 'scheduled' ELSE 'queued' END,
         now() + $8::int8 * interval '1 millisecond',
-        COALESCE(to_timestamp($10::int8 / 1000.0), now() + $11::int8 * interval '1 millisecond'))
+        COALESCE(to_timestamp($10::int8 / 1000.0), now() + $11::int8 * interval '1 millisecond'),
+        $12::text)
 ON CONFLICT DO NOTHING
 RETURNING id, status, generation

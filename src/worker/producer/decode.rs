@@ -1,6 +1,7 @@
 //! Decoding a group of delivered messages into claim inputs, by the job contract: the
-//! claimable ones, and those whose fate is known before any statement (invalid, a duplicate
-//! within the group, a priority its subject contradicts).
+//! claimable ones, and those whose fate is known before any statement (invalid — a key
+//! `key_from` finds but the contract refuses among them —, a duplicate within the group, a
+//! priority its subject contradicts).
 
 use super::*;
 
@@ -19,7 +20,7 @@ pub(super) struct Decoded {
 
 /// A message jobwarden republished from the job's row (the scheduler, for a retry, a due or
 /// an SQL-enqueued job): `Nats-Msg-Id: <id>:<generation>`.
-pub(super) fn republished(msg_id: &str, id: &str) -> bool {
+pub(crate) fn republished(msg_id: &str, id: &str) -> bool {
     msg_id
         .strip_prefix(id)
         .and_then(|rest| rest.strip_prefix(':'))
@@ -61,6 +62,17 @@ impl Producer {
                             .expire_after
                             .map(|e| job::stored_ms(&origin).saturating_add(e.as_millis() as i64));
                     }
+                    let again = msg_id.as_deref().is_some_and(|m| republished(m, &job.id));
+                    // The queue's key_from, for a message whose envelope names no key: a value
+                    // the contract refuses there makes the message invalid, as any field.
+                    if let Err(e) = self.policy.take_key(&mut job, again, |h| d.header(h)) {
+                        rejected.push(Rejected {
+                            id: d.own_id(&queue, &stream),
+                            reason: e.to_string(),
+                            delivered: d,
+                        });
+                        continue;
+                    }
                     // The subject a message came by is its priority: the lane it is delivered
                     // in. An envelope naming another one could not be honoured (JetStream has
                     // the message in that lane's order already), so it is refused, saying
@@ -84,11 +96,7 @@ impl Producer {
                     job.priority = lane_priority;
                     let max_attempts = job.max_attempts.unwrap_or(self.policy.max_attempts as i32);
                     // A job with an idempotency key may be a duplicate by design.
-                    known.push(
-                        d.delivered > 1
-                            || job.idempotency_key.is_some()
-                            || msg_id.as_deref().is_some_and(|m| republished(m, &job.id)),
-                    );
+                    known.push(d.delivered > 1 || job.idempotency_key.is_some() || again);
                     inputs.push(ClaimInput {
                         job,
                         max_attempts,

@@ -59,6 +59,7 @@ use rejected::*;
 use slots::*;
 use statement::*;
 
+pub(crate) use decode::republished;
 pub(crate) use delivered::Delivered;
 pub(crate) use rejected::{invalid_payload, record_invalid, Rejected};
 pub(crate) use slots::Freed;

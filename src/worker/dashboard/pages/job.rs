@@ -134,6 +134,9 @@ fn facts(v: &JobView) -> Markup {
         dl id="job" {
             dt { "status" } dd data-field="status" { (status_badge(&v.status)) }
             dt { "queue" } dd { (v.queue) }
+            @if let Some(k) = &v.key {
+                dt { "key" } dd data-field="key" { (k) }
+            }
             dt { "priority" } dd { (v.priority) }
             dt { "attempts" } dd data-field="attempts" { (v.attempts) }
             @if let Some(w) = &v.waiting {
