@@ -70,14 +70,18 @@ CREATE TABLE key_limits (
 -- (`key_limits.concurrency`, else `cap`; NULL: none) running at once across all workers,
 -- keys visited in the order of their first parked job (priority, then turn), a key's jobs in
 -- priority and publish order. With `ordered`: one job of a key at a time, in publish order,
--- and none while a job of the key is on its way again (or dead, with `dead_blocks`).
+-- and none while a job of the key is on its way again (or dead, with `dead_blocks`); only jobs
+-- whose message came before `horizon` (the lowest stream sequence whose message may not be
+-- parked yet, as the caller read it from the queue's consumers: every earlier message of
+-- the queue is parked, or otherwise done with), so a key's earlier job still on its way to
+-- an intake (in another worker's hands, or in one that died) is never overtaken.
 -- Nothing when the worker is not registered or the queue is paused.
 -- Takes of one queue are decided one at a time (its flow_queues row), each statement here
 -- seeing what the one before committed, so no key ever runs more than its limit.
 -- `stale_ms`: the queue's stale_after as `me` declares it; `expire_ms`: its expire_after
 -- (NULL: none); a job past its expiry is not taken (the scheduler's expiry round ends it).
 CREATE FUNCTION job_take(q text, me text, want integer, stale_ms bigint, expire_ms bigint,
-                         cap integer, ordered boolean, dead_blocks boolean)
+                         cap integer, ordered boolean, dead_blocks boolean, horizon bigint)
 RETURNS TABLE (id text, attempts integer, max_attempts integer, lease bigint,
                timeout_ms integer, payload jsonb, backoff jsonb, traceparent text,
                created_at timestamptz)
@@ -148,8 +152,10 @@ BEGIN
                            WHERE ordered AND j.queue = q AND COALESCE(j.key, '') = c.key
                              AND j.priority = pr.p AND j.status = 'queued' AND j.parked
                            ORDER BY j.seq LIMIT 1) f
-                  -- A first job past its expiry holds the key until the expiry round ends it.
-                  WHERE (COALESCE(f.expires_at,
+                  -- A first job past its expiry holds the key until the expiry round ends it;
+                  -- a first job beyond the horizon waits for the messages before it.
+                  WHERE f.seq < COALESCE(horizon, f.seq + 1)
+                    AND (COALESCE(f.expires_at,
                                   f.created_at + expire_ms * interval '1 millisecond')
                          > now()) IS NOT FALSE
                   ORDER BY f.seq LIMIT 1)) p

@@ -47,7 +47,7 @@ async fn park(store: &Store, worker: &str, rules: KeyRules, seq0: i64, inputs: &
 
 async fn take(store: &Store, worker: &str, want: usize, rules: KeyRules) -> Vec<String> {
     store
-        .job_take("work", worker, want, (STALE, None), rules)
+        .job_take("work", worker, want, (STALE, None), rules, None)
         .await
         .unwrap()
         .into_iter()
@@ -305,7 +305,7 @@ async fn ordered_keys_complete_in_publish_order_with_retries_taken_by_three_work
         assert!(running.values().all(|n| *n <= 1), "{running:?}");
         for id in a.into_iter().chain(b).chain(w3) {
             // A tenth of the attempts fail and are retried.
-            if (tries + id.len() as u64 + id.as_bytes()[4] as u64) % 10 == 0 {
+            if (tries + id.len() as u64 + id.as_bytes()[4] as u64).is_multiple_of(10) {
                 c.execute(
                     "UPDATE jobs SET status = 'scheduled', scheduled_at = now(), worker_id = NULL \
                      WHERE id = $1",
@@ -322,7 +322,7 @@ async fn ordered_keys_complete_in_publish_order_with_retries_taken_by_three_work
         }
         // The scheduler's republish, and the intake that parks the retries again, a few
         // takes later (the key's later jobs wait meanwhile).
-        if tries % 3 != 0 {
+        if !tries.is_multiple_of(3) {
             continue;
         }
         let due: Vec<String> = c
@@ -333,10 +333,8 @@ async fn ordered_keys_complete_in_publish_order_with_retries_taken_by_three_work
             .map(|r| r.get(0))
             .collect();
         if !due.is_empty() {
-            let again: Vec<ClaimInput> = due
-                .iter()
-                .map(|id| keyed_input(id, Some(id.split('-').next().unwrap())))
-                .collect();
+            // As the scheduler republishes them: from the row, without the key.
+            let again: Vec<ClaimInput> = due.iter().map(|id| keyed_input(id, None)).collect();
             park(&env.store, "w2", rules, republish_seq, &again).await;
             republish_seq += again.len() as i64;
         }
@@ -394,5 +392,302 @@ async fn a_dead_job_holds_its_ordered_keys_later_jobs_unless_the_queue_skips() {
         } else {
             assert_eq!(next, vec![format!("{tag}2")]);
         }
+    }
+}
+
+/// Start and end of every run, by key, as a handler saw them.
+type Spans =
+    std::sync::Arc<std::sync::Mutex<Vec<(String, String, std::time::Instant, std::time::Instant)>>>;
+
+/// A handler that records (key, id, start, end) of every run and sleeps the payload's `ms`.
+fn spans() -> (std::sync::Arc<dyn jobwarden::Handler>, Spans) {
+    let spans: Spans = Default::default();
+    let s = spans.clone();
+    let h = jobwarden::handler::from_fn(move |job| {
+        let s = s.clone();
+        async move {
+            let start = std::time::Instant::now();
+            let ms = job.payload["ms"].as_u64().unwrap_or(1);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            let key = job.payload["key"].as_str().unwrap_or("").to_string();
+            s.lock()
+                .unwrap()
+                .push((key, job.id.clone(), start, std::time::Instant::now()));
+            Ok(None)
+        }
+    });
+    (h, spans)
+}
+
+/// Publishes `n` envelopes of `key` (ids `<key>-<i>`), payload `{"key", "ms"}`, acks awaited
+/// 500 at a time; returns when the last was stored.
+async fn publish_keyed(env: &TestEnv, key: &str, n: usize, ms: impl Fn(usize) -> u64) {
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let body = json!({"id": format!("{key}-{i}"), "key": key,
+                          "payload": {"key": key, "ms": ms(i)}})
+        .to_string();
+        acks.push(
+            env.broker
+                .js
+                .publish("jobs.work".to_string(), body.into())
+                .await
+                .expect("publish"),
+        );
+        if acks.len() == 500 {
+            for a in acks.drain(..) {
+                a.await.expect("publish ack");
+            }
+        }
+    }
+    for a in acks {
+        a.await.expect("publish ack");
+    }
+}
+
+/// Issue 31's fairness case: 10,000 jobs of key A, then 10 of key B, `fair_by_key`, three
+/// workers of four slots: every B job starts within 2 s of its publish.
+#[tokio::test]
+async fn fair_turns_start_a_small_keys_jobs_at_once_behind_ten_thousand_of_another_key() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\nconcurrency = 4\n\
+         fair_by_key = true\n",
+    )
+    .await;
+    let (h, spans) = spans();
+    let mut pods = Vec::new();
+    for _ in 0..3 {
+        pods.push(env.worker(&[("h", h.clone())]).await);
+    }
+    publish_keyed(&env, "A", 10_000, |_| 20).await;
+    let published = std::time::Instant::now();
+    publish_keyed(&env, "B", 10, |_| 20).await;
+    assert!(
+        common::wait_for(Duration::from_secs(30), || async {
+            spans.lock().unwrap().iter().filter(|s| s.0 == "B").count() == 10
+        })
+        .await,
+        "B's jobs did not all run"
+    );
+    let spans = spans.lock().unwrap().clone();
+    let a_done = spans.iter().filter(|s| s.0 == "A").count();
+    let latest_b = spans
+        .iter()
+        .filter(|s| s.0 == "B")
+        .map(|s| s.2.saturating_duration_since(published))
+        .max()
+        .unwrap();
+    println!("B's last job started {latest_b:?} after B's publish; {a_done} of A's 10000 had run by B's last end");
+    assert!(latest_b < Duration::from_secs(2), "B waited {latest_b:?}");
+    assert!(
+        a_done < 9_000,
+        "A's backlog was not in the way: the test proves nothing"
+    );
+    for p in pods {
+        p.shutdown().await;
+    }
+}
+
+/// `key_concurrency = 2` holds across three workers, measured from each run's start and end.
+#[tokio::test]
+async fn key_concurrency_is_never_exceeded_across_three_workers() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\nconcurrency = 8\n\
+         key_concurrency = 2\n",
+    )
+    .await;
+    let (h, spans) = spans();
+    let mut pods = Vec::new();
+    for _ in 0..3 {
+        pods.push(env.worker(&[("h", h.clone())]).await);
+    }
+    for k in 0..4 {
+        publish_keyed(&env, &format!("k{k}"), 60, |i| 5 + (i as u64 * 7) % 25).await;
+    }
+    assert!(env.wait_count("completed", 240, 60).await);
+    for p in pods {
+        p.shutdown().await;
+    }
+    let spans = spans.lock().unwrap().clone();
+    assert_eq!(spans.len(), 240, "every job ran once");
+    let mut worst = 0;
+    for k in 0..4 {
+        let key = format!("k{k}");
+        let mine: Vec<_> = spans.iter().filter(|s| s.0 == key).collect();
+        for s in &mine {
+            // Runs of the key in progress when this one started (itself included).
+            let overlapping = mine.iter().filter(|o| o.2 <= s.2 && o.3 > s.2).count();
+            worst = worst.max(overlapping);
+        }
+    }
+    println!("most runs of one key at once: {worst}");
+    assert!(worst <= 2, "a key ran {worst} jobs at once (limit 2)");
+    assert_eq!(worst, 2, "the limit never bound: the test proves nothing");
+}
+
+/// Issue 31's order case: three pods (processes), 20 keys x 50 jobs, handler times from 1 to
+/// 30 ms and a tenth of the jobs failing their first attempt; one pod is killed (SIGKILL)
+/// mid-run. Each key's jobs complete in publish order, and every job completes.
+#[tokio::test]
+async fn ordered_keys_complete_in_publish_order_across_three_pods_with_one_killed() {
+    use common::{ChildWorker, RecordingApp};
+    let app = RecordingApp::start().await;
+    let env = TestEnv::with_servers(
+        &common::test_database_url(),
+        "",
+        "ack_wait = \"8s\"",
+        &format!(
+            "heartbeat_every = \"300ms\"\ndead_after = \"2s\"\nreap_every = \"200ms\"\n\
+             sweep_every = \"500ms\"\nstale_after = \"5s\"\nadopt_after = \"1s\"\n\
+             [queues.work]\nhandler = {{ kind = \"http\", url = \"{}\" }}\nconcurrency = 6\n\
+             ordered_by_key = true\nbackoff = {{ kind = \"fixed\", base = \"50ms\" }}\n",
+            app.url
+        ),
+    )
+    .await;
+    let mut pods: Vec<ChildWorker> = ["pod-a", "pod-b", "pod-c"]
+        .iter()
+        .map(|h| ChildWorker::spawn(&env.config, h))
+        .collect();
+    // Interleaved: message i is job i/20 of key i%20.
+    let mut acks = Vec::new();
+    for i in 0..1000usize {
+        let key = format!("k{:02}", i % 20);
+        let body = json!({"id": format!("{key}-{:02}", i / 20), "key": key,
+                          "payload": {"ms": 1 + (i * 13) % 30, "fail_first": i % 10 == 3}})
+        .to_string();
+        acks.push(
+            env.broker
+                .js
+                .publish("jobs.work".to_string(), body.into())
+                .await
+                .unwrap(),
+        );
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    assert!(
+        common::wait_for(Duration::from_secs(60), || async {
+            env.count("completed").await >= 300
+        })
+        .await
+    );
+    pods[0].kill9();
+    if !env.wait_count("completed", 1000, 120).await {
+        let c = env.store.raw().await.unwrap();
+        let left: Vec<String> = c
+            .query(
+                "SELECT format('%s %s key=%s parked=%s seq=%s attempts=%s err=%s', id, status, key, \
+                 parked, seq, attempts, last_error) FROM jobs WHERE status <> 'completed'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.get(0))
+            .collect();
+        let keys: Vec<String> = c
+            .query(
+                "SELECT format('%s head=%s/%s last=%s', key, head_priority, head_turn, last_turn) \
+                 FROM job_keys",
+                &[],
+            )
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.get(0))
+            .collect();
+        println!("job_keys: {keys:#?}");
+        let lanes: Vec<String> = {
+            let mut out = Vec::new();
+            for lane in jobwarden::broker::Lane::all("work") {
+                if let Ok(p) = env.broker.stream_position(&lane).await {
+                    if p.ack_pending > 0 || p.undelivered > 0 {
+                        out.push(format!(
+                            "{lane:?}: floor {} pending {} undelivered {} delivered {}",
+                            p.ack_floor, p.ack_pending, p.undelivered, p.delivered
+                        ));
+                    }
+                }
+            }
+            out
+        };
+        panic!("not completed: {left:#?} lanes: {lanes:#?}");
+    }
+    let c = env.store.raw().await.unwrap();
+    let rows = c
+        .query(
+            "SELECT key, id FROM jobs ORDER BY key, completed_at, id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut per_key: HashMap<String, Vec<String>> = HashMap::new();
+    for r in rows {
+        per_key.entry(r.get(0)).or_default().push(r.get(1));
+    }
+    assert_eq!(per_key.len(), 20);
+    for (key, ids) in &per_key {
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, &sorted, "key {key} completed out of publish order");
+    }
+    let retried = env
+        .scalar("SELECT count(*) FROM job_attempt_log WHERE outcome = 'retry'")
+        .await;
+    let taken_back = env
+        .scalar("SELECT count(*) FROM job_attempt_log WHERE outcome IN ('owner_dead', 'stale')")
+        .await;
+    println!("{retried} retries, {taken_back} jobs taken back from the killed pod");
+    assert!(
+        retried >= 100,
+        "the transient failures did not happen: {retried}"
+    );
+    drop(pods);
+}
+
+/// A retry of a key's last job, published again from its row without the key (as the
+/// scheduler does), is parked under the row's key and taken again: its key's hint is not lost.
+#[tokio::test]
+async fn a_retry_of_a_keys_last_job_republished_without_the_key_is_taken_again() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    register(&env, "w1").await;
+    for rules in [
+        ordered_rules(true),
+        KeyRules {
+            concurrency: Some(2),
+            fair: true,
+            ordered: false,
+            dead_blocks: false,
+        },
+    ] {
+        let id = format!("only-{}", rules.ordered);
+        park(
+            &env.store,
+            "w1",
+            rules,
+            1,
+            &[keyed_input(&id, Some("solo"))],
+        )
+        .await;
+        assert_eq!(take(&env.store, "w1", 4, rules).await, vec![id.clone()]);
+        // It fails: a retry, due now.
+        let c = env.store.raw().await.unwrap();
+        c.execute(
+            "UPDATE jobs SET status = 'scheduled', scheduled_at = now(), worker_id = NULL WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        // Nothing else of the key is parked meanwhile: a take forgets the key.
+        assert!(take(&env.store, "w1", 4, rules).await.is_empty());
+        park(&env.store, "w1", rules, 7, &[keyed_input(&id, None)]).await;
+        assert_eq!(
+            take(&env.store, "w1", 4, rules).await,
+            vec![id.clone()],
+            "the retry was not taken"
+        );
+        complete(&env, &[id]).await;
     }
 }

@@ -55,6 +55,8 @@ impl Store {
     }
 
     /// Takes up to `want` parked jobs of `queue` for this worker, within each key's limit.
+    /// `horizon` (ordered queues): the lowest stream sequence whose message may not be parked
+    /// yet; jobs of later messages wait (`None`: every message is parked).
     pub async fn job_take(
         &self,
         queue: &str,
@@ -62,6 +64,7 @@ impl Store {
         want: usize,
         (stale_after, expire_after): (Duration, Option<Duration>),
         rules: KeyRules,
+        horizon: Option<i64>,
     ) -> Result<Vec<Taken>> {
         let want = want.min(i32::MAX as usize) as i32;
         let stale = super::jobs::ms(stale_after);
@@ -81,6 +84,7 @@ impl Store {
                     &cap,
                     &rules.ordered,
                     &rules.dead_blocks,
+                    &horizon,
                 ],
             )
             .await?;

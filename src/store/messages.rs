@@ -222,12 +222,17 @@ impl Store {
 
     /// Adopts messages fetched by a worker that never claimed them: rows due now (see
     /// `job_adopt.sql`). Returns the ids adopted.
-    pub async fn job_adopt(&self, batch: &[ClaimInput]) -> Result<Vec<String>> {
+    pub async fn job_adopt(
+        &self,
+        batch: &[ClaimInput],
+        seqs: &[Option<i64>],
+    ) -> Result<Vec<String>> {
         let cols = Columns::of(batch);
         let expiries: Vec<Option<i64>> = batch.iter().map(|i| i.job.expires_at_ms).collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = cols.params().to_vec();
         params.push(&expiries);
         params.push(cols.keys());
+        params.push(&seqs);
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_ADOPT).await?;
         let rows = client.query(&st, &params).await?;

@@ -123,12 +123,14 @@ impl Reconciler {
         let seen_before = self.rowless.remove(&key).unwrap_or_default();
         let mut now_rowless = HashSet::new();
         let mut adopt = Vec::new();
+        let mut adopt_seqs = Vec::new();
         for (c, seq) in candidates.into_iter().zip(seqs) {
             if existing.contains(&c.job.id) {
                 continue;
             }
             if seen_before.contains(&seq) {
                 adopt.push(c);
+                adopt_seqs.push(Some(seq.min(i64::MAX as u64) as i64));
             } else {
                 now_rowless.insert(seq);
             }
@@ -137,14 +139,14 @@ impl Reconciler {
         if adopt.is_empty() {
             return Ok(taken_out);
         }
-        let adopted = match shared.store.job_adopt(&adopt).await {
+        let adopted = match shared.store.job_adopt(&adopt, &adopt_seqs).await {
             Ok(ids) => ids,
             // One message PostgreSQL cannot store must not hold back the others: one by one
             // (that one is recorded as invalid when JetStream redelivers it).
             Err(e) if e.rejected_data().is_some() => {
                 let mut ids = Vec::new();
-                for one in adopt.chunks(1) {
-                    match shared.store.job_adopt(one).await {
+                for (one, seq) in adopt.chunks(1).zip(adopt_seqs.chunks(1)) {
+                    match shared.store.job_adopt(one, seq).await {
                         Ok(mut got) => ids.append(&mut got),
                         Err(e) if e.rejected_data().is_some() => {}
                         Err(e) => return Err(e.to_string()),
@@ -282,7 +284,8 @@ impl Reconciler {
                         max_attempts,
                         traceparent: None,
                     };
-                    shared.store.job_adopt(&[input]).await.map(|_| {
+                    let seq = Some(m.seq.min(i64::MAX as u64) as i64);
+                    shared.store.job_adopt(&[input], &[seq]).await.map(|_| {
                         Stats::add(&shared.stats.adopted, 1);
                         warn!(job.id = %id, seq = m.seq, %why, "a message the NATS client cannot read was adopted from the stream and deleted there (its headers dropped); it runs again now");
                     })

@@ -542,7 +542,8 @@ impl Drop for RunGuard {
 /// Each answer is a receipt, `{"worker": <worker id>, "attempt": <n>}`, which becomes the job's
 /// result. Payload `{"ms": N}` answers after N ms; `{"hold": true}` answers only after
 /// [`RecordingApp::release`] (or never, for a job whose worker dies first); `{"chatty": true}`
-/// reports progress every 5 ms while it runs.
+/// reports progress every 5 ms while it runs; `{"fail_first": true}` fails its first attempt
+/// with a 500 (a retry), after its `ms`.
 pub struct RecordingApp {
     pub url: String,
     pub starts: Arc<std::sync::Mutex<Vec<Start>>>,
@@ -634,6 +635,13 @@ impl RecordingApp {
                         }
                         if let Some(ms) = job["payload"]["ms"].as_u64() {
                             tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        // `{"fail_first": true}`: the first attempt fails (a retry).
+                        if job["payload"]["fail_first"] == serde_json::json!(true) && attempt == 1 {
+                            return (
+                                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                                axum::Json(serde_json::json!({"error": "first attempt fails"})),
+                            );
                         }
                         // The answer is a receipt naming this run: the job's result then
                         // says whose answer was settled (see completions.rs).

@@ -19,14 +19,18 @@
 -- claim's; $15 the queue's expire_after (ms, NULL for none); $16 the keys; $17 fair turns;
 -- $18 the messages' stream sequences.
 WITH input AS (
-    SELECT t.*, COALESCE(t.key, '') AS k, COALESCE(t.seq, 0)::float8 AS s,
-           row_number() OVER (PARTITION BY COALESCE(t.key, '') ORDER BY t.idx) AS rank
+    SELECT t.*, x.k, COALESCE(t.seq, 0)::float8 AS s,
+           row_number() OVER (PARTITION BY x.k ORDER BY t.idx) AS rank
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
                 $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[],
                 $16::text[], $18::int8[])
          WITH ORDINALITY
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
               backoff, traceparent, then_jobs, expires_at_ms, key, seq, idx)
+         -- The key a job is parked under: its row's, when it has one (a message republished
+         -- from the row may carry none), else the message's.
+         CROSS JOIN LATERAL (
+             SELECT COALESCE((SELECT j.key FROM jobs j WHERE j.id = t.id), t.key, '') AS k) x
 ),
 me AS (
     SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL) AS alive,

@@ -17,6 +17,9 @@ use crate::store::Taken;
 const TAKE_POLL_FIRST: Duration = Duration::from_millis(25);
 /// The longest: a key freed by another worker's job is seen at least this often.
 const TAKE_POLL_MAX: Duration = Duration::from_millis(500);
+/// An ordered queue's horizon is read again after this long (a horizon read earlier is never
+/// later than the truth: consumers' ack floors only rise).
+const HORIZON_FRESH: Duration = Duration::from_millis(100);
 
 /// A keyed queue's take state.
 pub(super) struct Keyed {
@@ -29,6 +32,8 @@ pub(super) struct Keyed {
     poll: Duration,
     /// The store's failures: backed off and logged once per outage.
     outage: Outage,
+    /// An ordered queue's horizon as last read, and when.
+    horizon: Option<(Option<i64>, Instant)>,
 }
 
 impl Keyed {
@@ -39,6 +44,7 @@ impl Keyed {
             next: Instant::now(),
             poll: TAKE_POLL_FIRST,
             outage: Outage::new(format!("take of queue {queue}")),
+            horizon: None,
         }
     }
 
@@ -75,6 +81,21 @@ impl Producer {
         }
         k.due = false;
         let rules = k.rules;
+        let horizon = if rules.ordered {
+            match self.ordered_horizon().await {
+                Ok(h) => h,
+                Err(e) => {
+                    let k = self.keyed.as_mut().expect("keyed");
+                    k.next = Instant::now()
+                        + k.outage.failed(&format!(
+                            "cannot read the queue's consumers for the order of its keys: {e}"
+                        ));
+                    return;
+                }
+            }
+        } else {
+            None
+        };
         let shared = self.shared.clone();
         let policy = self.policy.clone();
         let ticket = shared.ledger.claim_ticket();
@@ -86,6 +107,7 @@ impl Producer {
                 free,
                 (policy.stale_after, policy.expire_after),
                 rules,
+                horizon,
             )
             .await;
         let k = self.keyed.as_mut().expect("keyed");
@@ -113,6 +135,34 @@ impl Producer {
             self.run_taken(t).await;
         }
         drop(ticket);
+    }
+
+    /// An ordered queue's horizon: the lowest stream sequence whose message may not be parked
+    /// yet (the first after the ack floor of each of the queue's consumers that still holds
+    /// messages); `None` when every message of the queue is parked or done with. A job of a
+    /// later message waits, so a key's earlier job still in some worker's hands (or in the
+    /// hands of one that died, until the adopter or a redelivery brings it) is not overtaken.
+    async fn ordered_horizon(&mut self) -> Result<Option<i64>, crate::broker::BrokerError> {
+        if let Some((h, at)) = self.keyed.as_ref().and_then(|k| k.horizon) {
+            if at.elapsed() < HORIZON_FRESH {
+                return Ok(h);
+            }
+        }
+        let read = Instant::now();
+        let mut horizon: Option<u64> = None;
+        for lane in &mut self.lanes {
+            let info = crate::broker::bounded("consumer info", lane.consumer.info()).await?;
+            if info.num_ack_pending == 0 && info.num_pending == 0 {
+                continue;
+            }
+            let h = info.ack_floor.stream_sequence.saturating_add(1);
+            horizon = Some(horizon.map_or(h, |x| x.min(h)));
+        }
+        let h = horizon.map(|h| h.min(i64::MAX as u64) as i64);
+        if let Some(k) = self.keyed.as_mut() {
+            k.horizon = Some((h, read));
+        }
+        Ok(h)
     }
 
     /// Runs a job a take gave this worker (or gives it back, attempt refunded, when the worker
