@@ -51,6 +51,19 @@ CREATE TABLE job_keys (
 CREATE INDEX job_keys_head ON job_keys (queue, head_priority, head_turn)
     WHERE head_turn IS NOT NULL;
 
+-- The starts of a key_rate_limit queue's jobs, per key: each counts for a window after it,
+-- while its attempt runs, and for a window after the job's row last changed (its end), so
+-- no window of the handlers' own starts holds more than the limit, however late each
+-- handler starts after its take. Pruned by the takes that visit the key.
+CREATE TABLE key_starts (
+    queue  text        COLLATE "C" NOT NULL,
+    key    text        COLLATE "C" NOT NULL,
+    at     timestamptz NOT NULL DEFAULT now(),
+    job_id text        COLLATE "C" NOT NULL,
+    lease  bigint      NOT NULL
+);
+CREATE INDEX key_starts_key ON key_starts (queue, key, at);
+
 -- The queue's clock for fair turns: the latest turn taken.
 ALTER TABLE flow_queues ADD COLUMN vturn float8 NOT NULL DEFAULT 0;
 
@@ -75,13 +88,17 @@ CREATE TABLE key_limits (
 -- parked yet, as the caller read it from the queue's consumers: every earlier message of
 -- the queue is parked, or otherwise done with), so a key's earlier job still on its way to
 -- an intake (in another worker's hands, or in one that died) is never overtaken.
+-- With `rate_n` per `rate_ms` (key_rate_limit): a key starts at most rate_n jobs in any
+-- window of rate_ms: each start (`key_starts`) counts for a window after it, while it runs,
+-- and for a window after its job's row last changed.
 -- Nothing when the worker is not registered or the queue is paused.
 -- Takes of one queue are decided one at a time (its flow_queues row), each statement here
 -- seeing what the one before committed, so no key ever runs more than its limit.
 -- `stale_ms`: the queue's stale_after as `me` declares it; `expire_ms`: its expire_after
 -- (NULL: none); a job past its expiry is not taken (the scheduler's expiry round ends it).
 CREATE FUNCTION job_take(q text, me text, want integer, stale_ms bigint, expire_ms bigint,
-                         cap integer, ordered boolean, dead_blocks boolean, horizon bigint)
+                         cap integer, ordered boolean, dead_blocks boolean, horizon bigint,
+                         rate_n integer, rate_ms bigint)
 RETURNS TABLE (id text, attempts integer, max_attempts integer, lease bigint,
                timeout_ms integer, payload jsonb, backoff jsonb, traceparent text,
                created_at timestamptz)
@@ -105,7 +122,8 @@ BEGIN
            array_agg(c.room ORDER BY c.head_priority, c.head_turn) INTO keys, rooms
     FROM (
         SELECT k.key, k.head_priority, k.head_turn,
-               CASE WHEN lim.cap IS NULL THEN want ELSE lim.cap - run.n END AS room
+               least(CASE WHEN lim.cap IS NULL THEN want ELSE lim.cap - run.n END,
+                     CASE WHEN rt.n IS NULL THEN want ELSE rate_n - rt.n END) AS room
         FROM job_keys k
              LEFT JOIN key_limits o ON o.queue = q AND o.key = k.key
              CROSS JOIN LATERAL (SELECT CASE WHEN k.key = '' THEN NULL
@@ -114,8 +132,17 @@ BEGIN
              CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM jobs r
                                  WHERE lim.cap IS NOT NULL AND r.queue = q AND r.key = k.key
                                    AND r.status = 'processing' AND r.key IS NOT NULL) run
+             -- A rate-limited key's starts that still count.
+             LEFT JOIN LATERAL (
+                 SELECT count(*) AS n FROM key_starts s LEFT JOIN jobs j ON j.id = s.job_id
+                 WHERE rate_n IS NOT NULL AND k.key <> '' AND s.queue = q AND s.key = k.key
+                   AND (s.at > now() - rate_ms * interval '1 millisecond'
+                        OR (j.status = 'processing' AND j.lease = s.lease)
+                        OR j.updated_at > now() - rate_ms * interval '1 millisecond')
+                 HAVING rate_n IS NOT NULL AND k.key <> '') rt ON true
         WHERE k.queue = q AND k.head_turn IS NOT NULL
           AND (lim.cap IS NULL OR run.n < lim.cap)
+          AND (rt.n IS NULL OR rt.n < rate_n)
           AND NOT (ordered AND k.key <> '' AND EXISTS (
                   SELECT 1 FROM jobs b
                   WHERE b.queue = q AND b.key = k.key AND b.key IS NOT NULL
@@ -173,7 +200,11 @@ BEGIN
         FROM picked p
         WHERE j.id = p.id AND j.status = 'queued' AND j.parked
         RETURNING j.id, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload,
-                  j.backoff, j.traceparent, j.created_at, j.priority, j.turn
+                  j.backoff, j.traceparent, j.created_at, j.priority, j.turn, j.key
+    ),
+    started AS (
+        INSERT INTO key_starts (queue, key, job_id, lease)
+        SELECT q, t.key, t.id, t.lease FROM taken t WHERE rate_n IS NOT NULL AND t.key IS NOT NULL
     ),
     clock AS (
         UPDATE flow_queues f SET vturn = greatest(f.vturn, (SELECT max(t.turn) FROM taken t))
@@ -192,6 +223,15 @@ BEGIN
         WHERE j.queue = q AND COALESCE(j.key, '') = k.key AND j.status = 'queued' AND j.parked
         ORDER BY j.priority, j.seq LIMIT 1)
     WHERE k.queue = q AND k.key = ANY(keys);
+    IF rate_n IS NOT NULL THEN
+        DELETE FROM key_starts s
+        WHERE s.queue = q AND s.key = ANY(keys)
+          AND s.at <= now() - rate_ms * interval '1 millisecond'
+          AND NOT EXISTS (SELECT 1 FROM jobs j
+                          WHERE j.id = s.job_id
+                            AND ((j.status = 'processing' AND j.lease = s.lease)
+                                 OR j.updated_at > now() - rate_ms * interval '1 millisecond'));
+    END IF;
     -- Keys with nothing parked whose last turn the clock has passed: their row says nothing
     -- a new one would not (a key that comes back starts at the clock).
     DELETE FROM job_keys k

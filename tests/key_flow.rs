@@ -87,6 +87,7 @@ async fn parked_jobs_are_taken_within_their_keys_limit_by_three_workers_at_once(
         fair: false,
         ordered: false,
         dead_blocks: false,
+        rate: None,
     };
     for w in ["w1", "w2", "w3"] {
         register(&env, w).await;
@@ -153,6 +154,7 @@ async fn with_fair_turns_a_key_with_ten_jobs_is_not_held_up_by_one_with_a_thousa
             fair,
             ordered: false,
             dead_blocks: false,
+            rate: None,
         };
         let tag = if fair { "fair" } else { "fifo" };
         let big: Vec<ClaimInput> = (0..1000)
@@ -263,6 +265,7 @@ fn ordered_rules(dead_blocks: bool) -> KeyRules {
         fair: false,
         ordered: true,
         dead_blocks,
+        rate: None,
     }
 }
 
@@ -660,6 +663,7 @@ async fn a_retry_of_a_keys_last_job_republished_without_the_key_is_taken_again()
             fair: true,
             ordered: false,
             dead_blocks: false,
+            rate: None,
         },
     ] {
         let id = format!("only-{}", rules.ordered);
@@ -690,4 +694,72 @@ async fn a_retry_of_a_keys_last_job_republished_without_the_key_is_taken_again()
         );
         complete(&env, &[id]).await;
     }
+}
+
+/// `key_rate_limit = "5/1s"` across three workers: no key starts more than 5 jobs in any
+/// 1 s window (measured from the handler's starts), while the other keys are not held up by
+/// the limited key's backlog.
+#[tokio::test]
+async fn key_rate_limit_holds_in_every_window_while_other_keys_run() {
+    let env = TestEnv::new(
+        "[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\nconcurrency = 8\n\
+         key_rate_limit = \"5/1s\"\n",
+    )
+    .await;
+    let (h, spans) = spans();
+    let mut pods = Vec::new();
+    for _ in 0..3 {
+        pods.push(env.worker(&[("h", h.clone())]).await);
+    }
+    let t0 = std::time::Instant::now();
+    publish_keyed(&env, "hot", 30, |_| 5).await;
+    for k in 0..20 {
+        publish_keyed(&env, &format!("cold{k}"), 2, |_| 5).await;
+    }
+    assert!(env.wait_count("completed", 70, 60).await);
+    for p in pods {
+        p.shutdown().await;
+    }
+    let spans = spans.lock().unwrap().clone();
+    let hot: Vec<std::time::Instant> = {
+        let mut v: Vec<_> = spans.iter().filter(|s| s.0 == "hot").map(|s| s.2).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(hot.len(), 30);
+    let mut worst = 0;
+    for (i, start) in hot.iter().enumerate() {
+        let in_window = hot[i..]
+            .iter()
+            .take_while(|s| s.duration_since(*start) < Duration::from_secs(1))
+            .count();
+        worst = worst.max(in_window);
+    }
+    let cold_done = spans
+        .iter()
+        .filter(|s| s.0.starts_with("cold"))
+        .map(|s| s.3.duration_since(t0))
+        .max()
+        .unwrap();
+    let hot_done = hot.last().unwrap().duration_since(t0);
+    println!(
+        "hot starts (ms): {:?}",
+        hot.iter()
+            .map(|s| s.duration_since(t0).as_millis())
+            .collect::<Vec<_>>()
+    );
+    println!("most starts of the hot key in 1 s: {worst}; the cold keys done after {cold_done:?}, the hot one after {hot_done:?}");
+    assert!(
+        worst <= 5,
+        "the hot key started {worst} jobs within one second (limit 5)"
+    );
+    assert_eq!(worst, 5, "the limit never bound: the test proves nothing");
+    assert!(
+        cold_done < Duration::from_secs(3),
+        "the other keys waited: {cold_done:?}"
+    );
+    assert!(
+        hot_done >= Duration::from_secs(5),
+        "30 jobs at 5/s took only {hot_done:?}"
+    );
 }

@@ -298,6 +298,9 @@ pub struct QueueConfig {
     /// queue's jobs are then parked in PostgreSQL as they arrive and started within their
     /// keys' limits: one key's backlog never holds up another key's jobs.
     pub key_concurrency: Option<u32>,
+    /// Starts of one key's jobs per window across every worker, e.g. "5/1s" (never more in
+    /// any window). Makes the queue keyed, like key_concurrency.
+    pub key_rate_limit: Option<RateLimit>,
     /// Free slots go round the keys that have work, in turn (weighted by `key_limits`),
     /// instead of in publish order: a key with ten jobs is not held up by a key with ten
     /// thousand.
@@ -387,6 +390,8 @@ pub struct KeyRules {
     pub ordered: bool,
     /// In an ordered queue, a dead job holds its key's later jobs back (else they go on).
     pub dead_blocks: bool,
+    /// Starts of one key's jobs per window across all workers (`None`: no limit).
+    pub rate: Option<RateLimit>,
 }
 
 /// What a dead job does to its key's later jobs in an ordered queue (`ordered_on_dead`).
@@ -404,8 +409,11 @@ pub enum OnDead {
 impl QueueConfig {
     /// How the queue parks and takes its jobs by key (`None`: it is not keyed).
     pub fn key_rules(&self) -> Option<KeyRules> {
-        (self.key_concurrency.is_some() || self.fair_by_key || self.ordered_by_key).then_some(
-            KeyRules {
+        (self.key_concurrency.is_some()
+            || self.key_rate_limit.is_some()
+            || self.fair_by_key
+            || self.ordered_by_key)
+            .then_some(KeyRules {
                 concurrency: if self.ordered_by_key {
                     Some(1)
                 } else {
@@ -414,8 +422,8 @@ impl QueueConfig {
                 fair: self.fair_by_key,
                 ordered: self.ordered_by_key,
                 dead_blocks: self.ordered_on_dead == OnDead::Block,
-            },
-        )
+                rate: self.key_rate_limit,
+            })
     }
 }
 
@@ -433,6 +441,7 @@ impl Default for QueueConfig {
             global_concurrency: None,
             rate_limit: None,
             key_concurrency: None,
+            key_rate_limit: None,
             fair_by_key: false,
             ordered_by_key: false,
             ordered_on_dead: OnDead::Block,
@@ -867,6 +876,8 @@ impl Config {
         if q.key_rules().is_some() && (q.global_concurrency.is_some() || q.rate_limit.is_some()) {
             let keyed = if q.key_concurrency.is_some() {
                 "key_concurrency"
+            } else if q.key_rate_limit.is_some() {
+                "key_rate_limit"
             } else if q.ordered_by_key {
                 "ordered_by_key"
             } else {

@@ -70,6 +70,8 @@ impl Store {
         let stale = super::jobs::ms(stale_after);
         let expire = expire_after.map(super::jobs::ms);
         let cap = rules.concurrency.map(|c| c.min(i32::MAX as u32) as i32);
+        let rate_n = rules.rate.map(|r| r.starts.min(i32::MAX as u32) as i32);
+        let rate_ms = rules.rate.map(|r| super::jobs::ms(r.window));
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_TAKE).await?;
         let rows = client
@@ -85,6 +87,8 @@ impl Store {
                     &rules.ordered,
                     &rules.dead_blocks,
                     &horizon,
+                    &rate_n,
+                    &rate_ms,
                 ],
             )
             .await?;
