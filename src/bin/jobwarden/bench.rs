@@ -59,6 +59,17 @@ pub struct BenchArgs {
     /// A cluster-wide rate limit on the bench queue, e.g. 1000000/1s.
     #[arg(long)]
     pub rate_limit: Option<jobwarden::config::RateLimit>,
+    /// Give the bench jobs this many distinct keys (job i has key i mod N, read from its
+    /// payload by the queue's key_from), to measure a keyed queue with --key-concurrency or
+    /// --fair-by-key.
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// A per-key limit on the bench queue (makes it keyed).
+    #[arg(long)]
+    pub key_concurrency: Option<u32>,
+    /// Fair turns across the keys (makes the queue keyed).
+    #[arg(long)]
+    pub fair_by_key: bool,
     /// Skip the worker-alone phase (a `jobwarden run` process with the HTTP handler, whose
     /// own peak RSS is measured).
     #[arg(long)]
@@ -550,6 +561,11 @@ async fn phase(
         })),
         global_concurrency: args.global_concurrency,
         rate_limit: args.rate_limit,
+        key_concurrency: args.key_concurrency,
+        fair_by_key: args.fair_by_key,
+        key_from: args
+            .keys
+            .map(|_| "payload:/k".parse().expect("a key_from the bench writes")),
         ..QueueConfig::default()
     };
     let (mut config, store, broker) = provisioned(base, "bench", "bench", queue).await?;
@@ -567,7 +583,7 @@ async fn phase(
 
     let cancel = CancellationToken::new();
     let result = if rate.is_none() {
-        publish(&broker, &subject, n, None).await?;
+        publish_keyed(&broker, &subject, n, None, args.keys).await?;
         let counters = PgCost::before(&store).await?;
         let machine = MachineMark::now();
         let cpu = process_cpu();
@@ -601,7 +617,7 @@ async fn phase(
             .await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
-        publish(&broker, &subject, n, rate).await?;
+        publish_keyed(&broker, &subject, n, rate, args.keys).await?;
         wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
         let elapsed = started.elapsed();
         worker.shutdown().await;
@@ -655,6 +671,17 @@ pub async fn provisioned(
 /// (publish acks are awaited while there is time before the next one is due, so the pace
 /// holds at high rates).
 pub async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) -> Result<()> {
+    publish_keyed(broker, subject, n, rate, None).await
+}
+
+/// [`publish`], each job's payload carrying key `i mod keys` as `"k"` (when `keys` is given).
+pub async fn publish_keyed(
+    broker: &Broker,
+    subject: &str,
+    n: usize,
+    rate: Option<u64>,
+    keys: Option<usize>,
+) -> Result<()> {
     let started = Instant::now();
     let mut acks: Vec<async_nats::jetstream::context::PublishAckFuture> = Vec::with_capacity(1024);
     for i in 0..n {
@@ -667,7 +694,10 @@ pub async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>
                 tokio::time::sleep_until(due.into()).await;
             }
         }
-        let body = serde_json::to_vec(&json!({"t": now_micros(), "i": i}))?;
+        let body = match keys {
+            Some(k) => serde_json::to_vec(&json!({"t": now_micros(), "i": i, "k": i % k.max(1)}))?,
+            None => serde_json::to_vec(&json!({"t": now_micros(), "i": i}))?,
+        };
         acks.push(
             broker
                 .js
