@@ -463,6 +463,18 @@ async fn fair_turns_start_a_small_keys_jobs_at_once_behind_ten_thousand_of_anoth
         pods.push(env.worker(&[("h", h.clone())]).await);
     }
     publish_keyed(&env, "A", 10_000, |_| 20).await;
+    // A's backlog is in: every one of its jobs parked, running or done (a backlog that
+    // built up before B came; B's own wait is what is measured).
+    assert!(
+        common::wait_for(Duration::from_secs(30), || async {
+            env.scalar(
+                "SELECT count(*) FROM jobs WHERE key = 'A' AND (parked OR status <> 'queued')",
+            )
+            .await
+                == 10_000
+        })
+        .await
+    );
     let published = std::time::Instant::now();
     publish_keyed(&env, "B", 10, |_| 20).await;
     assert!(
