@@ -655,9 +655,11 @@ async fn ordered_keys_complete_in_publish_order_across_three_pods_with_one_kille
         .scalar("SELECT count(*) FROM job_attempt_log WHERE outcome IN ('owner_dead', 'stale')")
         .await;
     println!("{retried} retries, {taken_back} jobs taken back from the killed pod");
+    // Every fail-first job failed its first attempt, unless that attempt died with the
+    // killed pod (then it was taken back instead).
     assert!(
-        retried >= 100,
-        "the transient failures did not happen: {retried}"
+        retried + taken_back >= 100,
+        "the transient failures did not happen: {retried} retries, {taken_back} taken back"
     );
     drop(pods);
 }
