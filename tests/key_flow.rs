@@ -25,14 +25,7 @@ fn keyed_input(id: &str, key: Option<&str>) -> ClaimInput {
 }
 
 async fn register(env: &TestEnv, worker: &str) {
-    let c = env.store.raw().await.unwrap();
-    c.execute(
-        "INSERT INTO workers (id, hostname, pid, version) VALUES ($1, 'other', 1, 'test') \
-         ON CONFLICT DO NOTHING",
-        &[&worker],
-    )
-    .await
-    .unwrap();
+    env.register_other(worker).await;
 }
 
 /// Parks `inputs` (stream sequences from `seq0` on) as `worker`.

@@ -1167,6 +1167,52 @@ mod tests {
         backoff = { kind = "fixed", base = "10s" }
     "#;
 
+    /// The per-key settings that contradict each other, or a queue-wide limit not built for
+    /// keyed queues yet, are refused naming the setting and the fix; good ones make the
+    /// queue keyed with the rules they say.
+    #[test]
+    fn per_key_settings_that_cannot_work_together_are_refused_at_load() {
+        let with = |extra: &str| {
+            let text = format!("[handler]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/j\"\n[queues.hooks]\n{extra}\n");
+            Config::from_toml(&text).map_err(|e| e.to_string())
+        };
+        for (extra, words) in [
+            (
+                "key_concurrency = 0",
+                "queues.hooks.key_concurrency (0) must be at least 1",
+            ),
+            (
+                "ordered_by_key = true\nkey_concurrency = 3",
+                "key_concurrency (3) cannot be above 1",
+            ),
+            (
+                "ordered_on_dead = \"skip\"",
+                "ordered_on_dead applies to ordered queues only",
+            ),
+            (
+                "key_concurrency = 2\nglobal_concurrency = 5",
+                "key_concurrency and global_concurrency cannot be set together",
+            ),
+            (
+                "fair_by_key = true\nrate_limit = \"10/1s\"",
+                "fair_by_key and rate_limit cannot be set together",
+            ),
+        ] {
+            let err = with(extra).expect_err(extra);
+            assert!(err.contains(words), "{extra}: {err}");
+        }
+        let c =
+            with("ordered_by_key = true\nordered_on_dead = \"skip\"\nkey_rate_limit = \"5/1s\"")
+                .unwrap();
+        let rules = c.queues["hooks"].key_rules().expect("keyed");
+        assert_eq!(rules.concurrency, Some(1));
+        assert!(rules.ordered && !rules.dead_blocks && !rules.fair);
+        assert_eq!(rules.rate.map(|r| r.starts), Some(5));
+        assert!(with("concurrency = 2").unwrap().queues["hooks"]
+            .key_rules()
+            .is_none());
+    }
+
     #[test]
     fn parses_a_good_file_with_defaults() {
         let c = Config::from_toml(OK).unwrap();

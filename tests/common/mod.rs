@@ -281,7 +281,8 @@ impl TestEnv {
             .unwrap()
     }
 
-    async fn register_other(&self, worker: &str) {
+    /// Registers `worker` as a live worker of another pod.
+    pub async fn register_other(&self, worker: &str) {
         let c = self.store.raw().await.unwrap();
         c.execute(
             "INSERT INTO workers (id, hostname, pid, version) VALUES ($1, 'other', 1, 'test') \
