@@ -43,6 +43,7 @@ async fn take(store: &Store, worker: &str, want: usize, rules: KeyRules) -> Vec<
         .job_take("work", worker, want, (STALE, None), rules, None)
         .await
         .unwrap()
+        .jobs
         .into_iter()
         .map(|t| t.id)
         .collect()
@@ -769,4 +770,222 @@ async fn key_rate_limit_holds_in_every_window_while_other_keys_run() {
         hot_done >= Duration::from_secs(5),
         "30 jobs at 5/s took only {hot_done:?}"
     );
+}
+
+/// Starts what `inputs` (new jobs, stream sequences from `seq0` on) may start at once as
+/// `worker`, up to `start` of them, and parks the rest, as a keyed queue's intake does; returns
+/// the ids it started.
+async fn intake_new(
+    store: &Store,
+    worker: &str,
+    rules: KeyRules,
+    (seq0, start): (i64, usize),
+    inputs: &[ClaimInput],
+) -> Vec<String> {
+    let seqs: Vec<i64> = (0..inputs.len() as i64).map(|i| seq0 + i).collect();
+    let fresh = store
+        .job_intake_new(worker, STALE, rules, (&seqs, start), inputs)
+        .await
+        .unwrap();
+    let (started, rest): (Vec<_>, Vec<_>) = inputs
+        .iter()
+        .zip(&fresh)
+        .partition(|(_, f)| matches!(f, Some(jobwarden::store::Claim::Claimed { .. })));
+    let rest: Vec<ClaimInput> = rest.into_iter().map(|(i, _)| i.clone()).collect();
+    if !rest.is_empty() {
+        park(store, worker, rules, seq0 + 1000, &rest).await;
+    }
+    started.into_iter().map(|(i, _)| i.job.id.clone()).collect()
+}
+
+#[tokio::test]
+async fn intakes_that_start_jobs_at_once_and_takes_never_exceed_a_keys_limit_together() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    for w in ["w1", "w2", "w3"] {
+        register(&env, w).await;
+    }
+    for rate in [None, Some((2_u32, 60_000_u64))] {
+        let rules = KeyRules {
+            concurrency: Some(2),
+            fair: false,
+            ordered: false,
+            dead_blocks: false,
+            rate: rate.map(|(starts, ms)| jobwarden::config::RateLimit {
+                starts,
+                window: Duration::from_millis(ms),
+            }),
+        };
+        let tag = if rate.is_some() { "rate" } else { "cap" };
+        let mut started = 0;
+        let mut peak = 0;
+        for round in 0..20_i64 {
+            // Two intakes of new jobs of keys a and b, and a take, at once, each free to
+            // start more than any key may run.
+            let batch = |w: &str| -> Vec<ClaimInput> {
+                (0..4)
+                    .map(|i| {
+                        let key = if i % 2 == 0 { "a" } else { "b" };
+                        keyed_input(&format!("{tag}-{w}-{round}-{i}"), Some(key))
+                    })
+                    .collect()
+            };
+            let (b1, b2) = (batch("w1"), batch("w2"));
+            let seq = 1 + round * 10_000;
+            let (x, y, z) = tokio::join!(
+                intake_new(&env.store, "w1", rules, (seq, 8), &b1),
+                intake_new(&env.store, "w2", rules, (seq + 100, 8), &b2),
+                take(&env.store, "w3", 8, rules)
+            );
+            let running = running_per_key(&env).await;
+            for (key, n) in &running {
+                peak = peak.max(*n);
+                assert!(
+                    *n <= 2,
+                    "{tag}: key {key} runs {n} jobs at once (limit 2), round {round}: {running:?}"
+                );
+            }
+            started += x.len() + y.len() + z.len();
+            // Only the cap frees as jobs end; the rate of 2 a minute does not.
+            if rate.is_none() {
+                let ran: Vec<String> = x.into_iter().chain(y).chain(z).collect();
+                complete(&env, &ran).await;
+            }
+        }
+        assert_eq!(peak, 2, "{tag}: the keys never ran at their limit");
+        if rate.is_some() {
+            // Two starts per key in the window, and no more, whoever started them.
+            assert_eq!(
+                started, 4,
+                "{tag}: {started} starts of two keys limited to 2 a minute"
+            );
+        } else {
+            assert!(
+                started >= 40,
+                "{tag}: only {started} jobs started in 20 rounds"
+            );
+        }
+        let c = env.store.raw().await.unwrap();
+        c.execute("DELETE FROM jobs", &[]).await.unwrap();
+        c.execute("DELETE FROM job_keys", &[]).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_intake_starts_nothing_ahead_of_parked_jobs_of_its_key_or_with_fair_turns_its_queue() {
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    register(&env, "w1").await;
+    for fair in [false, true] {
+        let rules = KeyRules {
+            concurrency: Some(1),
+            fair,
+            ordered: false,
+            dead_blocks: false,
+            rate: None,
+        };
+        let tag = if fair { "fair" } else { "fifo" };
+        // Key a at its limit, one more of a parked behind it.
+        let first = intake_new(
+            &env.store,
+            "w1",
+            rules,
+            (1, 8),
+            &[
+                keyed_input(&format!("{tag}-a1"), Some("a")),
+                keyed_input(&format!("{tag}-a2"), Some("a")),
+            ],
+        )
+        .await;
+        assert_eq!(first, vec![format!("{tag}-a1")]);
+        complete(&env, &first).await;
+        // a has room again, but a2 is parked: a3 must not overtake it; b starts at once
+        // unless turns are fair (then a2 goes first).
+        let next = intake_new(
+            &env.store,
+            "w1",
+            rules,
+            (10, 8),
+            &[
+                keyed_input(&format!("{tag}-a3"), Some("a")),
+                keyed_input(&format!("{tag}-b1"), Some("b")),
+            ],
+        )
+        .await;
+        let expect: Vec<String> = if fair {
+            vec![]
+        } else {
+            vec![format!("{tag}-b1")]
+        };
+        assert_eq!(next, expect, "{tag}: what the intake started");
+        // The take starts a2 first, and says parked jobs are left.
+        let takes = env
+            .store
+            .job_take("work", "w1", 1, (STALE, None), rules, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            takes.jobs.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+            vec![format!("{tag}-a2")]
+        );
+        assert!(takes.more, "{tag}: a3 is parked, the take did not say so");
+        // Nothing parked at all: the take says so (and its caller stops asking so often).
+        let c = env.store.raw().await.unwrap();
+        c.execute("DELETE FROM jobs", &[]).await.unwrap();
+        c.execute(
+            "UPDATE job_keys SET head_turn = NULL, head_priority = NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+        let takes = env
+            .store
+            .job_take("work", "w1", 4, (STALE, None), rules, None)
+            .await
+            .unwrap();
+        assert!(takes.jobs.is_empty() && !takes.more, "{tag}: {takes:?}");
+        c.execute("DELETE FROM job_keys", &[]).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn fair_turns_hold_when_a_keys_jobs_were_parked_out_of_publish_order() {
+    // Two workers' intakes of one key's messages commit in the other order than the messages
+    // were published: the later messages are parked first. The key's jobs still run in
+    // publish order, and a key that comes later gets every other turn at once.
+    let env = TestEnv::new("[queues.work]\nhandler = { kind = \"rust\", name = \"h\" }\n").await;
+    register(&env, "w1").await;
+    let rules = KeyRules {
+        concurrency: None,
+        fair: true,
+        ordered: false,
+        dead_blocks: false,
+        rate: None,
+    };
+    let a: Vec<ClaimInput> = (0..200)
+        .map(|i| keyed_input(&format!("a{i:03}"), Some("a")))
+        .collect();
+    park(&env.store, "w1", rules, 101, &a[100..]).await;
+    park(&env.store, "w1", rules, 1, &a[..100]).await;
+    let first = take(&env.store, "w1", 4, rules).await;
+    assert_eq!(first, vec!["a000", "a001", "a002", "a003"]);
+    complete(&env, &first).await;
+    let b: Vec<ClaimInput> = (0..5)
+        .map(|i| keyed_input(&format!("b{i}"), Some("b")))
+        .collect();
+    park(&env.store, "w1", rules, 1000, &b).await;
+    let mut order = Vec::new();
+    while order.len() < 12 {
+        let got = take(&env.store, "w1", 2, rules).await;
+        assert!(!got.is_empty(), "nothing taken with jobs parked");
+        complete(&env, &got).await;
+        order.extend(got);
+    }
+    let bs = order.iter().filter(|id| id.starts_with('b')).count();
+    assert_eq!(
+        bs, 5,
+        "b's five jobs are not all among the next 12 starts: {order:?}"
+    );
+    let a_order: Vec<&String> = order.iter().filter(|id| id.starts_with('a')).collect();
+    let mut sorted = a_order.clone();
+    sorted.sort();
+    assert_eq!(a_order, sorted, "a's jobs out of publish order");
 }

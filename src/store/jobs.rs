@@ -145,6 +145,61 @@ pub(super) fn claim_answer(rows: Vec<tokio_postgres::Row>, batch: &[ClaimInput])
     }
 }
 
+/// The rows a new-jobs statement inserted (`job_claim_new.sql`, `job_intake_new.sql`: id,
+/// lease, attempt, running, expired) as claims, one per input in input order: `None` for an
+/// input it did not insert.
+pub(super) fn fresh_claims(
+    rows: &[tokio_postgres::Row],
+    batch: &[ClaimInput],
+) -> Vec<Option<Claim>> {
+    // A row inserted from a message holds the message's job: only its lease, attempt and
+    // status come back.
+    let fresh = |r: &tokio_postgres::Row, input: &ClaimInput| {
+        if r.get::<_, bool>(4) {
+            Claim::Expired
+        } else if r.get::<_, bool>(3) {
+            Claim::Claimed {
+                lease: r.get(1),
+                attempt: r.get(2),
+                max_attempts: input.max_attempts,
+                timeout_ms: input.job.timeout_ms(),
+                payload: None,
+                backoff: None,
+                traceparent: None,
+                conflict: false,
+            }
+        } else {
+            Claim::NotClaimable {
+                status: JobStatus::Scheduled,
+                conflict: false,
+            }
+        }
+    };
+    let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
+    if rows.len() == batch.len() {
+        // Every one inserted: the rows come back in input order.
+        for (i, r) in rows.iter().enumerate() {
+            if r.get::<_, &str>(0) == batch[i].job.id {
+                claims[i] = Some(fresh(r, &batch[i]));
+            }
+        }
+        if claims.iter().all(Option::is_some) {
+            return claims;
+        }
+    }
+    let at: std::collections::HashMap<&str, usize> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.job.id.as_str(), i))
+        .collect();
+    for r in rows {
+        if let Some(&i) = at.get(r.get::<_, &str>(0)) {
+            claims[i] = Some(fresh(r, &batch[i]));
+        }
+    }
+    claims
+}
+
 impl Store {
     /// Claims a batch of delivered jobs in one statement, as `worker_id`, with the stale
     /// deadline `stale_after` and the default expiry `expire_after` (the queue's, as this
@@ -158,7 +213,7 @@ impl Store {
     ) -> Result<ClaimAnswer> {
         let sql = sql::JOB_CLAIM;
         let rows = self
-            .claim_rows(sql, worker_id, stale_after, batch, Some(expire_after))
+            .claim_rows(sql, worker_id, stale_after, batch, Some(expire_after), &[])
             .await?;
         Ok(claim_answer(rows, batch))
     }
@@ -175,71 +230,27 @@ impl Store {
     ) -> Result<Vec<Option<Claim>>> {
         let sql = sql::JOB_CLAIM_NEW;
         let rows = match self
-            .claim_rows(sql, worker_id, stale_after, batch, None)
+            .claim_rows(sql, worker_id, stale_after, batch, None, &[])
             .await
         {
             // An id or idempotency key exists already: nothing was inserted.
             Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
             r => r?,
         };
-        // A row inserted from a message holds the message's job: only its lease, attempt and
-        // status come back.
-        let fresh = |r: &tokio_postgres::Row, input: &ClaimInput| {
-            if r.get::<_, bool>(4) {
-                Claim::Expired
-            } else if r.get::<_, bool>(3) {
-                Claim::Claimed {
-                    lease: r.get(1),
-                    attempt: r.get(2),
-                    max_attempts: input.max_attempts,
-                    timeout_ms: input.job.timeout_ms(),
-                    payload: None,
-                    backoff: None,
-                    traceparent: None,
-                    conflict: false,
-                }
-            } else {
-                Claim::NotClaimable {
-                    status: JobStatus::Scheduled,
-                    conflict: false,
-                }
-            }
-        };
-        let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
-        if rows.len() == batch.len() {
-            // Every one inserted: the rows come back in input order.
-            for (i, r) in rows.iter().enumerate() {
-                if r.get::<_, &str>(0) == batch[i].job.id {
-                    claims[i] = Some(fresh(r, &batch[i]));
-                }
-            }
-            if claims.iter().all(Option::is_some) {
-                return Ok(claims);
-            }
-        }
-        let at: std::collections::HashMap<&str, usize> = batch
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.job.id.as_str(), i))
-            .collect();
-        for r in &rows {
-            if let Some(&i) = at.get(r.get::<_, &str>(0)) {
-                claims[i] = Some(fresh(r, &batch[i]));
-            }
-        }
-        Ok(claims)
+        Ok(fresh_claims(&rows, batch))
     }
 
     /// Runs a claim statement (worker id, stale_after, the batch's columns, their expiries,
     /// — for `job_claim.sql`, `Some` — the queue's default expiry, and last their keys) and
     /// returns its answer rows.
-    async fn claim_rows(
+    pub(super) async fn claim_rows(
         &self,
         sql: &str,
         worker_id: &str,
         stale_after: Duration,
         batch: &[ClaimInput],
         expire_after: Option<Option<Duration>>,
+        extra: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>> {
         let cols = Columns::of(batch);
         let stale = ms(stale_after);
@@ -252,6 +263,7 @@ impl Store {
             params.push(d);
         }
         params.push(cols.keys());
+        params.extend_from_slice(extra);
         let client = self.client().await?;
         let st = client.prepare_cached(sql).await?;
         Ok(client.query(&st, &params).await?)

@@ -2,12 +2,20 @@
 //! (`job_intake.sql`), and its slots take them (`job_take()`) within each key's limit, in
 //! turn order.
 
-use super::jobs::{claim_answer, Columns};
-use super::{sql, ClaimAnswer, ClaimInput, Result, Store};
+use super::jobs::{claim_answer, fresh_claims, Columns};
+use super::{sql, Claim, ClaimAnswer, ClaimInput, Result, Store};
 use crate::config::KeyRules;
 use serde_json::Value;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
+
+/// What a take gave this worker: its jobs, and whether parked jobs are left in the queue
+/// (then a job that ends here may free their key: take again).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Takes {
+    pub jobs: Vec<Taken>,
+    pub more: bool,
+}
 
 /// A job a take gave this worker.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +62,42 @@ impl Store {
         Ok(claim_answer(rows, batch))
     }
 
+    /// A keyed queue's common case (`job_intake_new.sql`): starts at once, claimed by this
+    /// worker, up to `start` of the batch's new jobs whose key has room and nothing parked
+    /// (with fair turns: while the queue has nothing parked). One answer per input, in input
+    /// order, as [`Store::job_claim_new`] gives them: `None` for a message it did not start
+    /// (every one when an id or idempotency key exists already); the full intake parks those.
+    pub async fn job_intake_new(
+        &self,
+        worker_id: &str,
+        stale_after: Duration,
+        rules: KeyRules,
+        (seqs, start): (&[i64], usize),
+        batch: &[ClaimInput],
+    ) -> Result<Vec<Option<Claim>>> {
+        let start = start.min(i32::MAX as usize) as i32;
+        let cap = rules.concurrency.map(|c| c.min(i32::MAX as u32) as i32);
+        let rate_n = rules.rate.map(|r| r.starts.min(i32::MAX as u32) as i32);
+        let rate_ms = rules.rate.map(|r| super::jobs::ms(r.window));
+        let extra: [&(dyn ToSql + Sync); 6] = [&seqs, &start, &cap, &rules.fair, &rate_n, &rate_ms];
+        let rows = match self
+            .claim_rows(
+                sql::JOB_INTAKE_NEW,
+                worker_id,
+                stale_after,
+                batch,
+                None,
+                &extra,
+            )
+            .await
+        {
+            // An id or idempotency key exists already: nothing was inserted.
+            Err(e) if e.is_unique_violation() => return Ok(vec![None; batch.len()]),
+            r => r?,
+        };
+        Ok(fresh_claims(&rows, batch))
+    }
+
     /// Takes up to `want` parked jobs of `queue` for this worker, within each key's limit.
     /// `horizon` (ordered queues): the lowest stream sequence whose message may not be parked
     /// yet; jobs of later messages wait (`None`: every message is parked).
@@ -65,7 +109,7 @@ impl Store {
         (stale_after, expire_after): (Duration, Option<Duration>),
         rules: KeyRules,
         horizon: Option<i64>,
-    ) -> Result<Vec<Taken>> {
+    ) -> Result<Takes> {
         let want = want.min(i32::MAX as usize) as i32;
         let stale = super::jobs::ms(stale_after);
         let expire = expire_after.map(super::jobs::ms);
@@ -89,11 +133,17 @@ impl Store {
                     &horizon,
                     &rate_n,
                     &rate_ms,
+                    &rules.fair,
                 ],
             )
             .await?;
-        Ok(rows
+        // A last row without an id: parked jobs are left.
+        let more = rows
+            .last()
+            .is_some_and(|r| r.get::<_, Option<&str>>(0).is_none());
+        let jobs = rows
             .iter()
+            .filter(|r| r.get::<_, Option<&str>>(0).is_some())
             .map(|r| Taken {
                 id: r.get(0),
                 attempt: r.get(1),
@@ -110,6 +160,7 @@ impl Store {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as i128),
             })
-            .collect())
+            .collect();
+        Ok(Takes { jobs, more })
     }
 }

@@ -32,7 +32,7 @@ pub use dashboard::{
 };
 pub use flow::Grant;
 pub use inspect::{AttemptRow, JobRow};
-pub use keyflow::Taken;
+pub use keyflow::{Taken, Takes};
 pub use liveness::{Reclaimed, Registration, StreamBounds};
 pub use messages::{InvalidRow, UnservedRow, PUBLISH_RETRY};
 pub use ops::{QueueStats, WorkerRow};

@@ -9,18 +9,18 @@
 -- both alike: nothing here is ever `processing`.
 -- Nothing is parked or inserted unless the worker is registered and not stopped, nor of a
 -- paused queue (the messages go back to the stream, as with a claim).
--- A parked job's turn: with fair turns ($17), one turn after the later of its key's last
--- turn and the queue's clock (the key's jobs of this batch one after another); else the
--- message's stream sequence ($18), publish order; a key's weight in key_limits spaces its
--- jobs 1/weight apart. A job parked again keeps its turn and its place in its key's order
--- (`seq`, the sequence of the message that first parked it): a retry keeps its place. Each key's row in job_keys is locked (in key order) and its hint
--- lowered to this batch's first job, so a take that visits the key waits for this commit.
+-- A parked job's turn: the message's stream sequence ($18), publish order; with fair turns
+-- ($17) none: job_take() counts each key's turns from its row in job_keys (its next turn,
+-- `head_turn`, from the later of its last turn and the queue's clock when it had nothing
+-- parked). A job parked again keeps its place in its key's order (`seq`, the sequence of the
+-- message that first parked it): a retry keeps its place. Each key's row in job_keys is locked
+-- (in key order) and its hint lowered to this batch's first job, so a take that visits the
+-- key waits for this commit.
 -- $1 worker id; $2 (unused: the claim's stale_after); $3..$14 one array per column, as the
 -- claim's; $15 the queue's expire_after (ms, NULL for none); $16 the keys; $17 fair turns;
 -- $18 the messages' stream sequences.
 WITH input AS (
-    SELECT t.*, x.k, COALESCE(t.seq, 0)::float8 AS s,
-           row_number() OVER (PARTITION BY x.k ORDER BY t.idx) AS rank
+    SELECT t.*, x.k, COALESCE(t.seq, 0)::float8 AS s
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
                 $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[],
                 $16::text[], $18::int8[])
@@ -39,41 +39,43 @@ me AS (
            $2::int8 AS unused
 ),
 per_key AS (
-    SELECT g.*, g.n / COALESCE(o.weight, 1)::float8 AS span
-    FROM (SELECT i.k, count(*) AS n, min(i.priority) AS priority, min(i.s) AS first_seq,
-                 max(i.s) AS last_seq
-          FROM input i
-          WHERE (SELECT alive AND NOT paused FROM me)
-          GROUP BY i.k) g
-         LEFT JOIN key_limits o ON o.queue = ($4::text[])[1] AND o.key = g.k
+    SELECT i.k, min(i.priority) AS priority, min(i.s) AS first_seq, max(i.s) AS last_seq
+    FROM input i
+    WHERE (SELECT alive AND NOT paused FROM me)
+    GROUP BY i.k
 ),
 keyed AS (
     INSERT INTO job_keys AS jk (queue, key, head_priority, head_turn, last_turn)
     SELECT ($4::text[])[1], p.k, p.priority,
            CASE WHEN $17::bool THEN (SELECT clock FROM me) ELSE p.first_seq END,
-           CASE WHEN $17::bool THEN (SELECT clock FROM me) + p.span ELSE p.last_seq END
+           CASE WHEN $17::bool THEN (SELECT clock FROM me) ELSE p.last_seq END
     FROM per_key p
     ORDER BY p.k
     ON CONFLICT (queue, key) DO UPDATE
-    SET last_turn = CASE WHEN $17::bool
-                         THEN greatest(jk.last_turn, (SELECT clock FROM me))
-                              + (EXCLUDED.last_turn - (SELECT clock FROM me))
+    SET last_turn = CASE WHEN $17::bool THEN jk.last_turn
                          ELSE greatest(jk.last_turn, EXCLUDED.last_turn) END,
-        -- The hint never later than the truth: the lesser of the two places.
-        (head_priority, head_turn) = (
-            SELECT h.p, h.t FROM (VALUES (jk.head_priority, jk.head_turn),
-                                         (EXCLUDED.head_priority,
-                                          CASE WHEN $17::bool
-                                               THEN greatest(jk.last_turn, (SELECT clock FROM me))
-                                               ELSE EXCLUDED.head_turn END)) AS h(p, t)
-            WHERE h.t IS NOT NULL ORDER BY h.p, h.t LIMIT 1)
+        -- Fair turns: a key with jobs parked keeps its next turn; one without starts at the
+        -- later of its last turn and the clock.
+        head_priority = CASE WHEN $17::bool THEN least(jk.head_priority, EXCLUDED.head_priority)
+                             ELSE (SELECT h.p FROM (VALUES (jk.head_priority, jk.head_turn),
+                                                           (EXCLUDED.head_priority,
+                                                            EXCLUDED.head_turn)) AS h(p, t)
+                                   WHERE h.t IS NOT NULL ORDER BY h.p, h.t LIMIT 1) END,
+        -- Else the hint never later than the truth: the lesser of the two places.
+        head_turn = CASE WHEN $17::bool
+                         THEN COALESCE(jk.head_turn,
+                                       greatest(jk.last_turn, (SELECT clock FROM me)))
+                         ELSE (SELECT h.t FROM (VALUES (jk.head_priority, jk.head_turn),
+                                                       (EXCLUDED.head_priority,
+                                                        EXCLUDED.head_turn)) AS h(p, t)
+                               WHERE h.t IS NOT NULL ORDER BY h.p, h.t LIMIT 1) END
     RETURNING jk.key, jk.last_turn
 ),
+-- A parked job's turn: its message's stream sequence (publish order); with fair turns none
+-- (job_take() counts a key's turns from its row).
 turns AS (
-    SELECT i.id,
-           CASE WHEN $17::bool THEN kd.last_turn - p.span + i.rank * p.span / p.n
-                ELSE i.s END AS turn
-    FROM input i JOIN per_key p ON p.k = i.k JOIN keyed kd ON kd.key = i.k
+    SELECT i.id, CASE WHEN $17::bool THEN NULL ELSE i.s END AS turn
+    FROM input i JOIN keyed kd ON kd.key = i.k
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,

@@ -28,6 +28,9 @@ pub(super) struct Claiming {
     pub(super) ticket: crate::worker::ledger::ClaimTicket,
     /// When its statement was sent: the jobs' stale deadlines count from about then.
     pub(super) sent: Instant,
+    /// A keyed queue's intake: how many of its jobs it may start at once (free slots
+    /// promised to it until it answers).
+    pub(super) starts: usize,
 }
 
 /// A claim group and its statement's answer, back in the producer.
@@ -82,6 +85,17 @@ impl Producer {
             &shared.stats.claimed_ahead,
             beyond.min(messages.len()) as u64,
         );
+        // A keyed queue's intake may start as many jobs as there are slots free and not
+        // promised to another intake in flight.
+        let starts = if self.keyed.is_some() {
+            self.slots
+                .available_permits()
+                .saturating_sub(self.starting + self.freed.waiting.load(Ordering::Acquire))
+                .min(messages.len())
+        } else {
+            0
+        };
+        self.starting += starts;
         let group = Claiming {
             inputs,
             known,
@@ -90,6 +104,7 @@ impl Producer {
             dropped,
             ticket: shared.ledger.claim_ticket(),
             sent: Instant::now(),
+            starts,
         };
         let stale = self.policy.stale_after;
         let expire = self.policy.expire_after;
@@ -103,7 +118,8 @@ impl Producer {
                             .iter()
                             .map(|d| d.seq.min(i64::MAX as u64) as i64)
                             .collect();
-                        intake(&shared, rules, expire, &group.inputs, &seqs).await
+                        let batch = (&group.inputs[..], &group.known[..], &seqs[..]);
+                        intake(&shared, rules, (stale, expire), batch, group.starts).await
                     }
                     None => claim(&shared, (stale, expire), &group.inputs, &group.known).await,
                 };
@@ -125,12 +141,10 @@ impl Producer {
             dropped,
             ticket,
             sent,
+            starts,
         } = group;
         self.claiming -= messages.len();
-        // A keyed queue's group was parked: its slots may take them now.
-        if let Some(k) = self.keyed.as_mut() {
-            k.nudge();
-        }
+        self.starting -= starts;
         match answer.health {
             Some(Ok(())) => self.claims.ok(),
             Some(Err(cause)) => {
@@ -152,6 +166,16 @@ impl Producer {
         }
         if answers.paused && !self.policy.paused.swap(true, Ordering::SeqCst) {
             tracing::info!(queue = %self.policy.name, "queue paused: its messages wait in the stream until it is resumed");
+        }
+        // A keyed queue's intake parked some of its jobs: the slots may take them now.
+        if let Some(k) = self.keyed.as_mut() {
+            if answers
+                .each
+                .iter()
+                .any(|a| !matches!(a, Answer::Claim(Claim::Claimed { .. })))
+            {
+                k.nudge();
+            }
         }
         let mut fates = Fates {
             rejected,

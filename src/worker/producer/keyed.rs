@@ -34,6 +34,10 @@ pub(super) struct Keyed {
     outage: Outage,
     /// An ordered queue's horizon as last read, and when.
     horizon: Option<(Option<i64>, Instant)>,
+    /// Parked jobs may be left in the queue (as the last take said, or parked here since):
+    /// a job that ends here may free their key, so take again. Else only poll, now and then
+    /// ([`TAKE_POLL_MAX`]), for what other workers park.
+    more: bool,
 }
 
 impl Keyed {
@@ -45,12 +49,21 @@ impl Keyed {
             poll: TAKE_POLL_FIRST,
             outage: Outage::new(format!("take of queue {queue}")),
             horizon: None,
+            more: true,
         }
     }
 
-    /// Jobs may have been parked, or a key freed here: take at once.
+    /// Jobs were parked here: take at once.
     pub(super) fn nudge(&mut self) {
         self.due = true;
+        self.more = true;
+    }
+
+    /// A job ended here: its key may have room again for jobs parked.
+    pub(super) fn freed(&mut self) {
+        if self.more {
+            self.due = true;
+        }
     }
 
     /// When the next take is due (now, when nudged).
@@ -112,25 +125,29 @@ impl Producer {
             .await;
         let k = self.keyed.as_mut().expect("keyed");
         let taken = match answer {
-            Ok(taken) => {
+            Ok(takes) => {
                 k.outage.ok();
-                if taken.len() < free {
+                k.more = takes.more;
+                if takes.jobs.len() >= free {
+                    k.due = true;
+                    k.poll = TAKE_POLL_FIRST;
+                } else if !takes.jobs.is_empty() {
+                    k.next = Instant::now() + TAKE_POLL_FIRST;
+                    k.poll = TAKE_POLL_FIRST;
+                } else if k.more {
                     k.next = Instant::now() + k.poll;
                     k.poll = (k.poll * 2).min(TAKE_POLL_MAX);
                 } else {
-                    k.due = true;
-                    k.poll = TAKE_POLL_FIRST;
+                    // Nothing parked: only what other workers park may come.
+                    k.next = Instant::now() + TAKE_POLL_MAX;
                 }
-                taken
+                takes.jobs
             }
             Err(e) => {
                 k.next = Instant::now() + k.outage.failed(&format!("cannot take jobs: {e}"));
                 return;
             }
         };
-        if !taken.is_empty() {
-            k.poll = TAKE_POLL_FIRST;
-        }
         for t in taken {
             self.run_taken(t).await;
         }

@@ -174,6 +174,8 @@ pub(crate) struct Producer {
     flow: Option<Flow>,
     /// A keyed queue's take state (`None`: the queue runs its messages' jobs as they come).
     keyed: Option<Keyed>,
+    /// Slots promised to a keyed queue's intakes in flight (each may start that many jobs).
+    starting: usize,
     /// The lane watched by a [`PullKind::Watch`] while it is idle (the bare subject's; none
     /// under a cap or rate limit, where slots follow grants): the others have doorbells.
     watched: Option<usize>,
@@ -225,6 +227,7 @@ impl Producer {
             refill_at: (batch_cap / 4).max(1),
             watched,
             keyed,
+            starting: 0,
             slots: Arc::new(Semaphore::new(policy.concurrency)),
             flow,
             shared,
@@ -251,7 +254,15 @@ impl Producer {
     /// Slots neither running a job nor promised to a claim in flight (or to a job claimed
     /// ahead), and while the queue's jobs are short one claim group more (see SHORT_JOB).
     fn free_slots(&self) -> usize {
-        if self.keyed.is_some() {
+        // A keyed queue with fair turns or ordered keys pulls ahead of its slots and parks
+        // what cannot start (a key's backlog must not hide another key's jobs behind it in
+        // the stream); one with only key limits pulls for its free slots, as a plain queue
+        // does (its parked jobs hold no slot, so a key at its limit does not stop the pulls).
+        if self
+            .keyed
+            .as_ref()
+            .is_some_and(|k| k.rules.fair || k.rules.ordered)
+        {
             return self.intake_room();
         }
         (self.slots.available_permits() + self.ahead()).saturating_sub(
@@ -346,7 +357,7 @@ impl Producer {
                 _ = self.freed.rung.notified() => {
                     // A job ended: its key may have room again.
                     if let Some(k) = self.keyed.as_mut() {
-                        k.nudge();
+                        k.freed();
                     }
                 }
                 _ = tokio::time::sleep_until(take_at.unwrap_or_else(Instant::now).into()), if take_at.is_some() => {}

@@ -2,6 +2,8 @@
 //! one by one only when PostgreSQL refuses one message's data; and its answer, by name.
 
 use super::*;
+use crate::store::Claim;
+use futures::future::BoxFuture;
 
 /// What a claim statement answered for its group.
 pub(super) struct ClaimAnswer {
@@ -53,35 +55,57 @@ pub(super) async fn claim(
     inputs: &[ClaimInput],
     known: &[bool],
 ) -> ClaimAnswer {
-    // The common case first: the messages are new jobs, and one plain insert claims them.
-    // Messages whose rows probably exist go straight to the full claim: one of them would make
-    // the insert fail as a whole (it then claims nothing, and the full claim takes them all).
-    let new: Vec<usize> = (0..inputs.len()).filter(|&i| !known[i]).collect();
-    if new.is_empty() {
-        return claim_existing(shared, stale, inputs).await;
-    }
-    let subset: Vec<ClaimInput>;
-    let to_insert = if new.len() == inputs.len() {
-        inputs
+    let (me, store) = (&shared.worker_id, &shared.store);
+    new_first(
+        inputs,
+        known,
+        |at| {
+            async move {
+                let part = subset(inputs, &at);
+                store.job_claim_new(me, stale.0, &part).await
+            }
+            .boxed()
+        },
+        |at| async move { claim_existing(shared, stale, &subset(inputs, &at)).await }.boxed(),
+    )
+    .await
+}
+
+/// The inputs at positions `at` (all of them, borrowed, when that is every one).
+fn subset<'a>(inputs: &'a [ClaimInput], at: &[usize]) -> std::borrow::Cow<'a, [ClaimInput]> {
+    if at.len() == inputs.len() {
+        std::borrow::Cow::Borrowed(inputs)
     } else {
-        subset = new.iter().map(|&i| inputs[i].clone()).collect();
-        &subset[..]
-    };
-    let fresh = match shared
-        .store
-        .job_claim_new(&shared.worker_id, stale.0, to_insert)
-        .await
-    {
+        std::borrow::Cow::Owned(at.iter().map(|&i| inputs[i].clone()).collect())
+    }
+}
+
+/// The common case first: the messages are new jobs, and one plain insert (`new`) claims
+/// them; `existing` then decides the rest (the inputs at the positions each is given).
+/// Messages whose rows probably exist (`known`) go straight to `existing`: one of them would
+/// make the insert fail as a whole (it then claims nothing, and `existing` takes them all).
+async fn new_first<'a>(
+    inputs: &'a [ClaimInput],
+    known: &[bool],
+    new: impl FnOnce(Vec<usize>) -> BoxFuture<'a, crate::store::Result<Vec<Option<Claim>>>>,
+    existing: impl FnOnce(Vec<usize>) -> BoxFuture<'a, ClaimAnswer>,
+) -> ClaimAnswer {
+    let fresh_at: Vec<usize> = (0..inputs.len()).filter(|&i| !known[i]).collect();
+    if fresh_at.is_empty() {
+        return existing((0..inputs.len()).collect()).await;
+    }
+    let n_fresh = fresh_at.len();
+    let fresh = match new(fresh_at.clone()).await {
         Ok(fresh) => fresh,
         Err(e) if e.rejected_data().is_none() => return ClaimAnswer::failed(&e),
         // One message's data was refused: the full claim finds which.
-        Err(_) => return claim_existing(shared, stale, inputs).await,
+        Err(_) => return existing((0..inputs.len()).collect()).await,
     };
-    let fresh = if new.len() == inputs.len() {
+    let fresh = if n_fresh == inputs.len() {
         fresh
     } else {
         let mut all = vec![None; inputs.len()];
-        for (i, f) in new.into_iter().zip(fresh) {
+        for (i, f) in fresh_at.into_iter().zip(fresh) {
             all[i] = f;
         }
         all
@@ -91,13 +115,8 @@ pub(super) async fn claim(
         return ClaimAnswer::ran(true, answers);
     }
     // The rest exist already (or this worker may not claim): the full statement decides.
-    let rest: Vec<ClaimInput> = inputs
-        .iter()
-        .zip(&fresh)
-        .filter(|(_, f)| f.is_none())
-        .map(|(i, _)| i.clone())
-        .collect();
-    let ClaimAnswer { answers, health } = claim_existing(shared, stale, &rest).await;
+    let rest: Vec<usize> = (0..inputs.len()).filter(|&i| fresh[i].is_none()).collect();
+    let ClaimAnswer { answers, health } = existing(rest).await;
     let inserted = fresh.iter().any(Option::is_some);
     let (registered, paused, mut others) = match answers {
         Some(a) => (a.registered, a.paused, a.each.into_iter()),
@@ -138,20 +157,47 @@ pub(super) async fn claim_existing(
     one_statement(inputs, |part, _| store.job_claim(me, stale, expire, part)).await
 }
 
-/// A keyed queue's intake (`job_intake.sql`): parks the group's jobs, to be taken by the
-/// queue's slots within their keys' limits. `seqs`: the messages' stream sequences.
+/// A keyed queue's intake: the new jobs whose key has room start at once, up to `start` of
+/// them (`job_intake_new.sql`; not in an ordered queue, whose keys wait for their earlier
+/// messages); the rest are parked (`job_intake.sql`), to be taken by the queue's slots within
+/// their keys' limits. `seqs`: the messages' stream sequences.
 pub(super) async fn intake(
     shared: &Shared,
     rules: crate::config::KeyRules,
-    expire: Option<Duration>,
-    inputs: &[ClaimInput],
-    seqs: &[i64],
+    (stale, expire): (Duration, Option<Duration>),
+    (inputs, known, seqs): (&[ClaimInput], &[bool], &[i64]),
+    start: usize,
 ) -> ClaimAnswer {
-    let me = &shared.worker_id;
-    let store = &shared.store;
-    one_statement(inputs, |part, at| {
-        store.job_intake(me, expire, rules, &seqs[at..at + part.len()], part)
-    })
+    let (me, store) = (&shared.worker_id, &shared.store);
+    let park = |at: Vec<usize>| {
+        async move {
+            let part = subset(inputs, &at);
+            let seqs: Vec<i64> = at.iter().map(|&i| seqs[i]).collect();
+            one_statement(&part, |part, from| {
+                store.job_intake(me, expire, rules, &seqs[from..from + part.len()], part)
+            })
+            .await
+        }
+        .boxed()
+    };
+    if rules.ordered || start == 0 {
+        return park((0..inputs.len()).collect()).await;
+    }
+    new_first(
+        inputs,
+        known,
+        |at| {
+            async move {
+                let part = subset(inputs, &at);
+                let seqs: Vec<i64> = at.iter().map(|&i| seqs[i]).collect();
+                store
+                    .job_intake_new(me, stale, rules, (&seqs, start), &part)
+                    .await
+            }
+            .boxed()
+        },
+        park,
+    )
     .await
 }
 
