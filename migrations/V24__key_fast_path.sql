@@ -63,21 +63,44 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     PERFORM job_key_lock(q, keys);
+    -- Set-based: one scan of the keys' running jobs, one of their parked hints, one of their
+    -- starts (a statement per key costs more than the rest of the intake).
     RETURN QUERY
+    WITH u AS (SELECT DISTINCT x.k FROM unnest(keys) AS x(k)),
+    running AS (
+        SELECT r.key AS k, count(*) AS n FROM jobs r
+        WHERE r.queue = q AND r.key = ANY(keys) AND r.status = 'processing'
+          AND r.key IS NOT NULL
+        GROUP BY r.key),
+    -- (Nothing of the queue parked, the common case: no key of it has anything parked.)
+    parked AS (
+        SELECT p.key AS k FROM job_keys p
+        WHERE p.queue = q AND p.key = ANY(keys) AND p.head_turn IS NOT NULL
+          AND EXISTS (SELECT 1 FROM job_keys a WHERE a.queue = q AND a.head_turn IS NOT NULL)),
+    started AS (
+        SELECT s.key AS k, count(*) AS n FROM key_starts s LEFT JOIN jobs j ON j.id = s.job_id
+        WHERE rate_n IS NOT NULL AND s.queue = q AND s.key = ANY(keys)
+          AND (s.at > now() - rate_ms * interval '1 millisecond'
+               OR (j.status = 'processing' AND j.lease = s.lease)
+               OR j.updated_at > now() - rate_ms * interval '1 millisecond')
+        GROUP BY s.key),
+    queue_parked AS (
+        SELECT fair AND EXISTS (SELECT 1 FROM job_keys a
+                                WHERE a.queue = q AND a.head_turn IS NOT NULL) AS any)
     SELECT u.k,
-           CASE WHEN (fair AND EXISTS (SELECT 1 FROM job_keys a
-                                       WHERE a.queue = q AND a.head_turn IS NOT NULL))
-                  OR EXISTS (SELECT 1 FROM job_keys p
-                             WHERE p.queue = q AND p.key = u.k AND p.head_turn IS NOT NULL)
+           CASE WHEN (SELECT qp.any FROM queue_parked qp)
+                  OR EXISTS (SELECT 1 FROM parked p WHERE p.k = u.k)
                 THEN 0
                 ELSE greatest(0, least(
                     CASE WHEN u.k = '' OR COALESCE(o.concurrency, cap) IS NULL THEN 2147483647
-                         ELSE COALESCE(o.concurrency, cap) - job_key_running(q, u.k) END,
+                         ELSE COALESCE(o.concurrency, cap) - COALESCE(r.n, 0) END,
                     CASE WHEN u.k = '' OR rate_n IS NULL THEN 2147483647
-                         ELSE rate_n - job_key_started(q, u.k, rate_ms) END))::integer
+                         ELSE rate_n - COALESCE(st.n, 0) END))::integer
            END
-    FROM (SELECT DISTINCT x.k FROM unnest(keys) AS x(k)) u
-         LEFT JOIN key_limits o ON o.queue = q AND o.key = u.k;
+    FROM u
+         LEFT JOIN key_limits o ON o.queue = q AND o.key = u.k
+         LEFT JOIN running r ON r.k = u.k
+         LEFT JOIN started st ON st.k = u.k;
 END;
 $$;
 

@@ -85,11 +85,11 @@ impl Producer {
             &shared.stats.claimed_ahead,
             beyond.min(messages.len()) as u64,
         );
-        // A keyed queue's intake may start as many jobs as there are slots free and not
-        // promised to another intake in flight.
+        // A keyed queue's intake may start as many jobs as there are slots free (and, while
+        // its jobs are short, a claim group more: see SHORT_JOB) and not promised to another
+        // intake in flight.
         let starts = if self.keyed.is_some() {
-            self.slots
-                .available_permits()
+            (self.slots.available_permits() + self.ahead())
                 .saturating_sub(self.starting + self.freed.waiting.load(Ordering::Acquire))
                 .min(messages.len())
         } else {

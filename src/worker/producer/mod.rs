@@ -271,15 +271,21 @@ impl Producer {
     }
 
     /// How many jobs may be claimed beyond the free slots (see SHORT_JOB).
-    fn ahead(&self) -> usize {
+    pub(super) fn ahead(&self) -> usize {
         let group = self
             .shared
             .config
             .worker
             .claim_batch
             .min(self.policy.concurrency);
+        // A keyed queue's jobs start ahead too where they start at their intake (key limits
+        // only): one claimed ahead counts against its key's limit from its claim on.
+        let pulls_ahead = self
+            .keyed
+            .as_ref()
+            .is_some_and(|k| k.rules.fair || k.rules.ordered);
         if self.flow.is_none()
-            && self.keyed.is_none()
+            && !pulls_ahead
             && !self.holding
             && self.freed.short_run.load(Ordering::Relaxed) >= group
         {
