@@ -34,6 +34,9 @@ pub(super) struct Keyed {
     outage: Outage,
     /// An ordered queue's horizon as last read, and when.
     horizon: Option<(Option<i64>, Instant)>,
+    /// The rules were recorded in `flow_queues` (for `jobs show`; tried again at each take
+    /// until it succeeds).
+    declared: bool,
 }
 
 impl Keyed {
@@ -45,6 +48,7 @@ impl Keyed {
             poll: TAKE_POLL_FIRST,
             outage: Outage::new(format!("take of queue {queue}")),
             horizon: None,
+            declared: false,
         }
     }
 
@@ -81,6 +85,20 @@ impl Producer {
         }
         k.due = false;
         let rules = k.rules;
+        if !k.declared {
+            // What `jobs show` explains a parked job's wait by; a failure only delays that.
+            let declared = self
+                .shared
+                .store
+                .key_rules_declare(&self.policy.name, rules)
+                .await;
+            match declared {
+                Ok(()) => self.keyed.as_mut().expect("keyed").declared = true,
+                Err(e) => {
+                    debug!(queue = %self.policy.name, cause = %e, "cannot record the queue's key rules yet")
+                }
+            }
+        }
         let horizon = if rules.ordered {
             match self.ordered_horizon().await {
                 Ok(h) => h,

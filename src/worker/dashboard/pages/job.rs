@@ -165,7 +165,8 @@ fn facts(v: &JobView) -> Markup {
     }
 }
 
-/// An admin's buttons: retry a dead job, cancel one that has not ended.
+/// An admin's buttons: retry a dead job (or skip it in its key's order), cancel one that has
+/// not ended.
 fn actions(v: &JobView, id: &str) -> Markup {
     html! {
         div class="actions" {
@@ -173,6 +174,13 @@ fn actions(v: &JobView, id: &str) -> Markup {
                 form method="post" action="/job/retry" {
                     input type="hidden" name="id" value=(id);
                     button id="retry" { "Retry" }
+                }
+            }
+            // An ordered key's dead job may hold the key's later jobs: let it go.
+            @if v.can_retry() && v.key.is_some() {
+                form method="post" action="/job/skip" {
+                    input type="hidden" name="id" value=(id);
+                    button id="skip" title="let the key's later jobs run on; the job stays dead" { "Skip in key order" }
                 }
             }
             @if v.can_cancel() {
