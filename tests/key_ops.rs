@@ -723,3 +723,44 @@ async fn stats_and_keys_list_show_the_busiest_keys() {
         .collect();
     assert_eq!(keys, ["big", "mid"]);
 }
+
+/// What the operators' answers cost with 200,000 parked jobs over 100,000 keys (run by hand:
+/// `scripts/test.sh --test key_ops -- --ignored --nocapture`; the figures are in
+/// docs/operations.md §8e). No timed assertion: it prints.
+#[tokio::test]
+#[ignore]
+async fn the_operators_answers_stay_fast_with_200k_parked_jobs() {
+    let env = TestEnv::new(&format!("[queues.work]\n{RUST}key_concurrency = 2\n")).await;
+    env.register_other("w1").await;
+    let r = rules(Some(2));
+    env.store.key_rules_declare("work", r).await.unwrap();
+    let t = Instant::now();
+    for b in 0..100 {
+        let inputs: Vec<ClaimInput> = (0..2000)
+            .map(|i| {
+                let n = b * 2000 + i;
+                let key = format!("customer-{}", (n * 7919) % 100_000);
+                keyed_input(&format!("p{n}"), Some(&key))
+            })
+            .collect();
+        park(&env.store, "w1", r, 1 + b as i64 * 2000, &inputs).await;
+    }
+    println!("parked 200000 jobs in {:?}", t.elapsed());
+    let c = env.store.raw().await.unwrap();
+    c.batch_execute("ANALYZE jobs; ANALYZE job_keys").await.unwrap();
+    assert_eq!(take(&env.store, "w1", 50, r).await.len(), 50);
+    let time = |what: &str, t: Instant| println!("{what}: {:?}", t.elapsed());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let top = env.store.key_busiest(None, 10).await.unwrap();
+        time("busiest keys (top 10)", t);
+        assert_eq!(top.len(), 10);
+        let t = Instant::now();
+        let why = env.store.job_explain("p199999").await.unwrap().unwrap();
+        time("jobs show's explanation of the last parked job", t);
+        assert!(why.starts_with("waiting: its turn ("), "{why}");
+        let t = Instant::now();
+        env.store.depth().await.unwrap();
+        time("the metrics' depth reading (with parked and keys_waiting)", t);
+    }
+}
