@@ -747,7 +747,9 @@ async fn the_operators_answers_stay_fast_with_200k_parked_jobs() {
     }
     println!("parked 200000 jobs in {:?}", t.elapsed());
     let c = env.store.raw().await.unwrap();
-    c.batch_execute("ANALYZE jobs; ANALYZE job_keys").await.unwrap();
+    c.batch_execute("ANALYZE jobs; ANALYZE job_keys")
+        .await
+        .unwrap();
     assert_eq!(take(&env.store, "w1", 50, r).await.len(), 50);
     let time = |what: &str, t: Instant| println!("{what}: {:?}", t.elapsed());
     for _ in 0..3 {
@@ -761,6 +763,9 @@ async fn the_operators_answers_stay_fast_with_200k_parked_jobs() {
         assert!(why.starts_with("waiting: its turn ("), "{why}");
         let t = Instant::now();
         env.store.depth().await.unwrap();
-        time("the metrics' depth reading (with parked and keys_waiting)", t);
+        time(
+            "the metrics' depth reading (with parked and keys_waiting)",
+            t,
+        );
     }
 }

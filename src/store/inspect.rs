@@ -432,6 +432,93 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_parked_jobs_wait_is_said_by_what_of_its_key_holds_it() {
+        let mut q = w("queued");
+        let k = KeyWait {
+            key: "customer-42".into(),
+            parked: true,
+            cap: Some(2),
+            running: 2,
+            rate: Some((5, Duration::from_secs(1))),
+            rate_used: 5,
+            keys_ahead: 3,
+            ..KeyWait::default()
+        };
+        q.key = Some(k.clone());
+        assert!(
+            explain(&q).starts_with(
+                "waiting: key customer-42 has 2 running (limit 2); 2 of its queue running"
+            ),
+            "{}",
+            explain(&q)
+        );
+        q.key = Some(KeyWait {
+            running: 1,
+            ..k.clone()
+        });
+        assert!(
+            explain(&q)
+                .starts_with("waiting: key customer-42 started 5 jobs in the last 1s (limit 5/1s)"),
+            "{}",
+            explain(&q)
+        );
+        q.key = Some(KeyWait {
+            running: 1,
+            rate_used: 4,
+            key_before: 2,
+            ..k.clone()
+        });
+        assert!(
+            explain(&q).starts_with(
+                "waiting: its turn (3 keys ahead, 2 jobs of key customer-42 before it)"
+            ),
+            "{}",
+            explain(&q)
+        );
+        q.key = Some(KeyWait {
+            ahead: Some(("j1".into(), "retrying".into())),
+            ..k.clone()
+        });
+        assert!(explain(&q).starts_with(
+            "waiting: key customer-42 is ordered and job j1 is ahead of it (retrying)"
+        ));
+        // Not parked (a keyed job queued the usual way): the queue's own reasons.
+        q.key = Some(KeyWait {
+            parked: false,
+            ..k.clone()
+        });
+        assert!(explain(&q).starts_with("next in line"), "{}", explain(&q));
+        let mut d = w("dead");
+        d.key = Some(KeyWait {
+            ordered: true,
+            dead_blocks: true,
+            ..k.clone()
+        });
+        assert!(explain(&d).contains("holds the later jobs of ordered key customer-42"));
+        d.key = Some(KeyWait {
+            ordered: true,
+            later_started: 4,
+            ..k.clone()
+        });
+        assert!(explain(&d).contains(
+            "key customer-42 went on without it (ordered_on_dead = \"skip\"): 4 of its later jobs"
+        ));
+        d.key = Some(KeyWait {
+            skipped: Some(("cli:alice@ops".into(), 0.0)),
+            later_started: 1,
+            ..k
+        });
+        assert!(
+            explain(&d).contains(
+                "skipped in the order of key customer-42 by cli:alice@ops at 1970-01-01 00:00:00Z"
+            ),
+            "{}",
+            explain(&d)
+        );
+        assert_eq!(explain(&w("dead")), "dead: waits for nothing");
+    }
+
     /// `job_row` reads the columns of three statements by position: they must list the same.
     #[test]
     fn the_statements_job_row_reads_list_the_same_columns() {
