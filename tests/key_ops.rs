@@ -384,6 +384,34 @@ async fn a_rate_override_holds_its_key_across_three_workers_while_others_run_fre
     for k in 0..10 {
         publish_keyed(&env, &format!("cold{k}"), 3).await;
     }
+    // While the hot key's jobs wait, /metrics counts them per queue (no per-key series).
+    let ops = pods[0].ops_addr.expect("ops listener");
+    let seen: Arc<Mutex<String>> = Default::default();
+    let counted = common::wait_for(Duration::from_secs(10), || {
+        let seen = seen.clone();
+        async move {
+            let body = reqwest::get(format!("http://{ops}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let value = |name: &str| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}{{queue=\"work\"}} ")))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            let ok = value("jobwarden_keyed_parked") >= 1.0
+                && value("jobwarden_keys_waiting") >= 1.0
+                && !body.contains("key=\"");
+            *seen.lock().unwrap() = body;
+            ok
+        }
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(counted, "no keyed gauges while jobs were parked: {seen}");
     assert!(env.wait_count("completed", 42, 60).await);
     for p in pods {
         p.shutdown().await;
