@@ -490,6 +490,7 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
                 CASE WHEN g % 10 <> 0 THEN now() END
          FROM generate_series(1, 1000) g;
          UPDATE jobs SET pipeline = 'job-00040' WHERE id BETWEEN 'job-00041' AND 'job-00045';
+         INSERT INTO flow_queues (queue, key_declared_at) SELECT 'q' || g, now() FROM generate_series(0, 7) g;
          ANALYZE jobs; ANALYZE job_attempt_log; ANALYZE workers;",
     )
     .await
@@ -578,6 +579,7 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
             vec![&no_key, &first, &limit],
         ),
         ("depth", sql("job_depth"), vec![]),
+        ("busiest keys", sql("key_busiest"), vec![&none, &limit]),
     ];
     for (what, text, params) in cases {
         let rows = c
