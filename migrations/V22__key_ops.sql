@@ -149,8 +149,9 @@ $$;
 -- Lets an ordered key's dead job go: its key's later jobs run on (it no longer holds the key:
 -- it leaves the key's order), recorded in `key_skips` with `skipped_by` and the time. The job stays
 -- dead (in the dead letters, its error kept); a retry of it runs it as the key's last job.
--- Returns the job's key. Refused, naming why, for a job that is not dead, has no key, or
--- holds no key's order (never parked in a keyed queue, or skipped already).
+-- Returns the job's key. Refused, naming why, for a job that is not dead, has no key, is of a
+-- queue its workers declare unordered, or holds no key's order (never parked in a keyed
+-- queue, or skipped already).
 CREATE FUNCTION skip_key_job(id text, skipped_by text DEFAULT current_user) RETURNS text
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -178,6 +179,10 @@ BEGIN
     IF j.key IS NULL THEN
         RAISE EXCEPTION 'jobwarden: job % has no key, so it holds no key''s order: nothing to skip (retry it with jobwarden dlq retry, or leave it)',
             j.id USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM flow_queues f WHERE f.queue = j.queue AND NOT f.key_ordered) THEN
+        RAISE EXCEPTION 'jobwarden: queue % is not ordered by key (as its workers declare it), so dead job % holds no key''s order: nothing to skip (retry it with jobwarden dlq retry, or leave it)',
+            j.queue, j.id USING ERRCODE = '22023';
     END IF;
     IF j.seq IS NULL THEN
         SELECT * INTO s FROM key_skips k WHERE k.job_id = j.id;

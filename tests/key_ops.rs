@@ -490,7 +490,8 @@ async fn publish_ordered(env: &TestEnv, queue: &str, key: &str) {
 async fn an_ordered_keys_dead_head_is_retried_in_order_or_skipped_with_a_record() {
     let toml = format!(
         "[queues.work]\n{RUST}ordered_by_key = true\n\
-         [queues.loose]\n{RUST}ordered_by_key = true\nordered_on_dead = \"skip\"\n"
+         [queues.loose]\n{RUST}ordered_by_key = true\nordered_on_dead = \"skip\"\n\
+         [queues.limited]\n{RUST}key_concurrency = 2\n"
     );
     let env = TestEnv::new(&toml).await;
     let file = ConfigFile::new(&toml);
@@ -590,6 +591,19 @@ async fn an_ordered_keys_dead_head_is_retried_in_order_or_skipped_with_a_record(
 
     // ordered_on_dead = "skip": the key goes on by itself; the dead job says so.
     fixed.store(false, Ordering::SeqCst);
+    // A keyed queue that is not ordered: its dead jobs hold nothing back.
+    env.publish_raw(
+        "limited",
+        json!({"id": "L-1", "key": "L", "payload": {"bad": true}}).to_string(),
+    )
+    .await;
+    assert!(env.wait_status("L-1", "dead", 20).await);
+    let (code, out) = cli(&env, &file, &["keys", "skip", "L-1"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("queue limited is not ordered by key") && out.contains("nothing to skip"),
+        "{out}"
+    );
     publish_ordered(&env, "loose", "C").await;
     assert!(env.wait_status("C-3", "completed", 20).await);
     assert_eq!(env.status_of("C-1").await.as_deref(), Some("dead"));
