@@ -232,7 +232,8 @@ pub struct KeyWait {
     pub skipped: Option<(String, f64)>,
     /// In an ordered queue, a dead job holds its key (ordered_on_dead = "block").
     pub dead_blocks: bool,
-    /// A dead job's key's later jobs that started since it died.
+    /// A dead job's key's later jobs (after it in the key's order) that have started (an ordered
+    /// key runs them only once it is out of the way).
     pub later_started: i64,
 }
 
@@ -269,7 +270,7 @@ fn dead_key_note(k: &KeyWait) -> Option<String> {
             .unwrap_or_default();
         return Some(format!(
             "skipped in the order of key {key} by {by} at {at}: its later jobs run on \
-             ({} started since it died)",
+             ({} of them started)",
             k.later_started
         ));
     }
@@ -284,7 +285,7 @@ fn dead_key_note(k: &KeyWait) -> Option<String> {
     } else {
         format!(
             "key {key} went on without it (ordered_on_dead = \"skip\"): {} of its later jobs \
-             started since it died",
+             started",
             k.later_started
         )
     })

@@ -9,8 +9,9 @@
 -- (key_limits): its running jobs, its starts that count in the rate's window, the job of an
 -- ordered key that goes first (a retry, a dead job, a running one, an earlier parked one),
 -- how many keys' first jobs come before its own and how many parked jobs of its key; the
--- record of a skip (key_skips); and for a dead job, how many of its key's later jobs started
--- since it died.
+-- record of a skip (key_skips); and for a dead job, how many of its key's later jobs have
+-- started (an ordered key starts them only once it is out of the way: their start times may
+-- precede its end by a take's wait, so they are not compared).
 SELECT j.status, j.attempts,
        GREATEST(0, extract(epoch FROM j.scheduled_at - now()) * 1000)::int8 AS due_in_ms,
        (SELECT count(*) FROM jobs o
@@ -54,7 +55,7 @@ SELECT j.status, j.attempts,
        (SELECT count(*) FROM jobs l
         WHERE j.status = 'dead' AND j.key IS NOT NULL AND COALESCE(j.seq, ks.seq) IS NOT NULL
           AND l.queue = j.queue AND l.key = j.key AND l.seq > COALESCE(j.seq, ks.seq)
-          AND l.started_at >= j.completed_at) AS later_started
+          AND l.attempts > 0) AS later_started
 FROM jobs j
 LEFT JOIN flow_queues f ON f.queue = j.queue
 LEFT JOIN queue_pauses p ON p.queue = j.queue
