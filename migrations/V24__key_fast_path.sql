@@ -52,8 +52,8 @@ $$;
 -- How many more jobs of each of `keys` may start now without parking: each key locked first
 -- (`job_key_lock`), then counted with what committed before. None for a key with parked jobs
 -- (or, with `fair`, when the queue has any: they go first), else the key's limit less its
--- running jobs (`key_limits.concurrency`, else `cap`; NULL: no limit) and, with `rate_n` per
--- `rate_ms`, less its counted starts. The jobs without a key ('') have no limit.
+-- running jobs (`key_limits.concurrency`, else `cap`; NULL: no limit) and, with a rate (the
+-- key's own in `key_limits`, else `rate_n` per `rate_ms`), less its counted starts. The jobs without a key ('') have no limit.
 -- 2147483647 stands for no limit.
 CREATE FUNCTION job_key_room(q text, keys text[], cap integer, fair boolean, rate_n integer,
                              rate_ms bigint)
@@ -67,6 +67,12 @@ BEGIN
     -- starts (a statement per key costs more than the rest of the intake).
     RETURN QUERY
     WITH u AS (SELECT DISTINCT x.k FROM unnest(keys) AS x(k)),
+    -- Each key's limits: its own in key_limits (version 22), else the queue's.
+    lim AS (
+        SELECT u.k, COALESCE(o.concurrency, cap) AS cap,
+               COALESCE(o.rate_n, job_key_room.rate_n) AS rate_n,
+               COALESCE(o.rate_ms, job_key_room.rate_ms) AS rate_ms
+        FROM u LEFT JOIN key_limits o ON o.queue = q AND o.key = u.k),
     running AS (
         SELECT r.key AS k, count(*) AS n FROM jobs r
         WHERE r.queue = q AND r.key = ANY(keys) AND r.status = 'processing'
@@ -78,29 +84,30 @@ BEGIN
         WHERE p.queue = q AND p.key = ANY(keys) AND p.head_turn IS NOT NULL
           AND EXISTS (SELECT 1 FROM job_keys a WHERE a.queue = q AND a.head_turn IS NOT NULL)),
     started AS (
-        SELECT s.key AS k, count(*) AS n FROM key_starts s LEFT JOIN jobs j ON j.id = s.job_id
-        WHERE rate_n IS NOT NULL AND s.queue = q AND s.key = ANY(keys)
-          AND (s.at > now() - rate_ms * interval '1 millisecond'
+        SELECT s.key AS k, count(*) AS n
+        FROM lim JOIN key_starts s ON s.queue = q AND s.key = lim.k
+             LEFT JOIN jobs j ON j.id = s.job_id
+        WHERE lim.rate_n IS NOT NULL
+          AND (s.at > now() - lim.rate_ms * interval '1 millisecond'
                OR (j.status = 'processing' AND j.lease = s.lease)
-               OR j.updated_at > now() - rate_ms * interval '1 millisecond')
+               OR j.updated_at > now() - lim.rate_ms * interval '1 millisecond')
         GROUP BY s.key),
     queue_parked AS (
         SELECT fair AND EXISTS (SELECT 1 FROM job_keys a
                                 WHERE a.queue = q AND a.head_turn IS NOT NULL) AS any)
-    SELECT u.k,
+    SELECT lim.k,
            CASE WHEN (SELECT qp.any FROM queue_parked qp)
-                  OR EXISTS (SELECT 1 FROM parked p WHERE p.k = u.k)
+                  OR EXISTS (SELECT 1 FROM parked p WHERE p.k = lim.k)
                 THEN 0
                 ELSE greatest(0, least(
-                    CASE WHEN u.k = '' OR COALESCE(o.concurrency, cap) IS NULL THEN 2147483647
-                         ELSE COALESCE(o.concurrency, cap) - COALESCE(r.n, 0) END,
-                    CASE WHEN u.k = '' OR rate_n IS NULL THEN 2147483647
-                         ELSE rate_n - COALESCE(st.n, 0) END))::integer
+                    CASE WHEN lim.k = '' OR lim.cap IS NULL THEN 2147483647
+                         ELSE lim.cap - COALESCE(r.n, 0) END,
+                    CASE WHEN lim.k = '' OR lim.rate_n IS NULL THEN 2147483647
+                         ELSE lim.rate_n - COALESCE(st.n, 0) END))::integer
            END
-    FROM u
-         LEFT JOIN key_limits o ON o.queue = q AND o.key = u.k
-         LEFT JOIN running r ON r.k = u.k
-         LEFT JOIN started st ON st.k = u.k;
+    FROM lim
+         LEFT JOIN running r ON r.k = lim.k
+         LEFT JOIN started st ON st.k = lim.k;
 END;
 $$;
 
@@ -116,21 +123,25 @@ AS $$
     SELECT c.key, c.room, c.head_priority, c.head_turn, c.weight FROM (
         SELECT k.key, k.head_priority, k.head_turn, COALESCE(o.weight, 1)::float8 AS weight,
                least(CASE WHEN lim.cap IS NULL THEN want ELSE lim.cap - run.n END,
-                     CASE WHEN rt.n IS NULL THEN want ELSE rate_n - rt.n END)::integer AS room
+                     CASE WHEN rt.n IS NULL THEN want ELSE lim.rate_n - rt.n END)::integer AS room
         FROM job_keys k
              LEFT JOIN key_limits o ON o.queue = q AND o.key = k.key
              CROSS JOIN LATERAL (SELECT CASE WHEN k.key = '' THEN NULL
                                              WHEN ordered THEN 1
-                                             ELSE COALESCE(o.concurrency, cap) END AS cap) lim
+                                             ELSE COALESCE(o.concurrency, cap) END AS cap,
+                                        -- The key's own rate (version 22), else the queue's.
+                                        COALESCE(o.rate_n, job_take_keys.rate_n) AS rate_n,
+                                        COALESCE(o.rate_ms, job_take_keys.rate_ms) AS rate_ms) lim
              CROSS JOIN LATERAL (SELECT CASE WHEN lim.cap IS NULL THEN 0
                                              ELSE job_key_running(q, k.key) END AS n) run
              -- A rate-limited key's starts that still count.
-             CROSS JOIN LATERAL (SELECT CASE WHEN rate_n IS NULL OR k.key = '' THEN NULL
-                                             ELSE job_key_started(q, k.key, rate_ms) END AS n) rt
+             CROSS JOIN LATERAL (SELECT CASE WHEN lim.rate_n IS NULL OR k.key = '' THEN NULL
+                                             ELSE job_key_started(q, k.key, lim.rate_ms)
+                                        END AS n) rt
         WHERE k.queue = q AND k.head_turn IS NOT NULL
           AND (among IS NULL OR k.key = ANY(among))
           AND (lim.cap IS NULL OR run.n < lim.cap)
-          AND (rt.n IS NULL OR rt.n < rate_n)
+          AND (rt.n IS NULL OR rt.n < lim.rate_n)
           AND NOT (ordered AND k.key <> '' AND EXISTS (
                   SELECT 1 FROM jobs b
                   WHERE b.queue = q AND b.key = k.key AND b.key IS NOT NULL
@@ -143,7 +154,8 @@ AS $$
     ORDER BY c.head_priority, c.head_turn;
 $$;
 
--- job_take() as in version 21, with these changes:
+-- job_take() as in version 22 (a key's own rate in key_limits replaces the queue's), with
+-- these changes:
 -- - it returns at once, without a lock or a write, when nothing of the queue is parked (a
 --   keyed queue whose jobs start at their intake asks often and mostly finds nothing);
 -- - it takes the locks of the keys it chose (`job_key_lock()`, then their job_keys rows) and
@@ -258,7 +270,12 @@ BEGIN
     ),
     started AS (
         INSERT INTO key_starts (queue, key, job_id, lease)
-        SELECT q, t.key, t.id, t.lease FROM taken t WHERE rate_n IS NOT NULL AND t.key IS NOT NULL
+        SELECT q, t.key, t.id, t.lease FROM taken t
+        WHERE t.key IS NOT NULL
+          -- Also the starts of a key with a rate of its own (version 22).
+          AND (job_take.rate_n IS NOT NULL
+               OR EXISTS (SELECT 1 FROM key_limits o
+                          WHERE o.queue = q AND o.key = t.key AND o.rate_n IS NOT NULL))
     ),
     clock AS (
         UPDATE flow_queues f SET vturn = greatest(f.vturn, (SELECT max(t.turn) FROM taken t))
@@ -285,14 +302,20 @@ BEGIN
         WHERE j.queue = q AND COALESCE(j.key, '') = k.key AND j.status = 'queued' AND j.parked
         ORDER BY j.priority, j.seq LIMIT 1)
     WHERE k.queue = q AND k.key = ANY(keys);
-    IF rate_n IS NOT NULL THEN
+    -- Also on a queue without key_rate_limit whose keys have rates of their own; each key's
+    -- starts by its own window (none left when no rate applies to it any more).
+    IF job_take.rate_n IS NOT NULL
+       OR EXISTS (SELECT 1 FROM key_limits o WHERE o.queue = q AND o.rate_n IS NOT NULL) THEN
         DELETE FROM key_starts s
-        WHERE s.queue = q AND s.key = ANY(keys)
-          AND s.at <= now() - rate_ms * interval '1 millisecond'
+        USING (SELECT u.key, COALESCE(o.rate_ms, job_take.rate_ms, 0) AS ms
+               FROM unnest(keys) AS u(key)
+                    LEFT JOIN key_limits o ON o.queue = q AND o.key = u.key) w
+        WHERE s.queue = q AND s.key = w.key
+          AND s.at <= now() - w.ms * interval '1 millisecond'
           AND NOT EXISTS (SELECT 1 FROM jobs j
                           WHERE j.id = s.job_id
                             AND ((j.status = 'processing' AND j.lease = s.lease)
-                                 OR j.updated_at > now() - rate_ms * interval '1 millisecond'));
+                                 OR j.updated_at > now() - w.ms * interval '1 millisecond'));
     END IF;
     -- Keys with nothing parked whose last turn the clock has passed: their row says nothing
     -- a new one would not (a key that comes back starts at the clock).

@@ -490,6 +490,7 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
                 CASE WHEN g % 10 <> 0 THEN now() END
          FROM generate_series(1, 1000) g;
          UPDATE jobs SET pipeline = 'job-00040' WHERE id BETWEEN 'job-00041' AND 'job-00045';
+         INSERT INTO flow_queues (queue, key_declared_at) SELECT 'q' || g, now() FROM generate_series(0, 7) g;
          ANALYZE jobs; ANALYZE job_attempt_log; ANALYZE workers;",
     )
     .await
@@ -578,6 +579,7 @@ async fn dashboard_queries_read_through_indexes_on_10000_jobs() {
             vec![&no_key, &first, &limit],
         ),
         ("depth", sql("job_depth"), vec![]),
+        ("busiest keys", sql("key_busiest"), vec![&none, &limit]),
     ];
     for (what, text, params) in cases {
         let rows = c
@@ -1224,5 +1226,103 @@ async fn charts_draw_the_last_hour_and_day_from_the_rollup() {
     let (status, body) = page(&format!("{base}/charts?range=7d")).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("range=1h or range=24h"), "{body}");
+    worker.shutdown().await;
+}
+
+/// An ordered key's dead job, from the dashboard: the overview lists the busiest keys (the
+/// key's later job parked behind it), the job's page has a *Skip in key order* button for an
+/// admin (none for a guest), and skipping lets the key's later job run, recorded with the
+/// admin's name.
+#[tokio::test]
+async fn an_ordered_keys_dead_job_is_skipped_from_its_page_and_the_busiest_keys_are_shown() {
+    let Some(driver) = Driver::start() else {
+        return;
+    };
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nhandler = {{ kind = \"rust\", name = \"h\" }}\nordered_by_key = true\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
+    ))
+    .await;
+    let h = from_fn(|job| async move {
+        if job.payload["bad"] == json!(true) {
+            Err(JobError::permanent("bad input"))
+        } else {
+            Ok(None)
+        }
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
+    for i in 1..=2 {
+        env.publish_raw(
+            "work",
+            json!({"id": format!("A-{i}"), "key": "customer-42", "payload": {"bad": i == 1}})
+                .to_string(),
+        )
+        .await;
+    }
+    assert!(env.wait_status("A-1", "dead", 20).await);
+    let parked = || async {
+        env.scalar("SELECT count(*) FROM jobs WHERE id = 'A-2' AND parked")
+            .await
+            == 1
+    };
+    assert!(wait_for(Duration::from_secs(10), parked).await);
+
+    let guest = driver.browser("guest").await;
+    guest.goto(&format!("{base}/")).await.unwrap();
+    let row = "#busiest-keys tr[data-key='customer-42']";
+    assert_eq!(
+        text(&guest, &format!("{row} td[data-field='parked']")).await,
+        "1"
+    );
+    guest.goto(&format!("{base}/job?id=A-1")).await.unwrap();
+    assert_eq!(
+        count(&guest, "#skip").await,
+        0,
+        "a guest has no skip button"
+    );
+    guest.close().await.unwrap();
+
+    let b = driver.browser("admin").await;
+    b.goto(&format!("{base}/job?id=A-1")).await.unwrap();
+    log_in(&b).await;
+    b.goto(&format!("{base}/job?id=A-1")).await.unwrap();
+    let waiting = text(&b, "dd[data-field='waiting']").await;
+    assert!(
+        waiting.contains("holds the later jobs of ordered key customer-42"),
+        "{waiting}"
+    );
+    b.find(Locator::Css("#skip"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&b, "#msg").await,
+        "skipped in its key's order: the key's later jobs run on (the job stays dead)"
+    );
+    assert!(
+        env.wait_status("A-2", "completed", 20).await,
+        "the key's later job never ran"
+    );
+    assert_eq!(env.status_of("A-1").await.as_deref(), Some("dead"));
+    assert_eq!(
+        env.scalar(
+            "SELECT count(*) FROM key_skips WHERE job_id = 'A-1' AND skipped_by LIKE 'dashboard:%'"
+        )
+        .await,
+        1
+    );
+    // Skipped already: said, nothing changes.
+    b.goto(&format!("{base}/job?id=A-1")).await.unwrap();
+    b.find(Locator::Css("#skip"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(text(&b, "#msg").await.starts_with("not skipped"));
+    b.close().await.unwrap();
     worker.shutdown().await;
 }

@@ -127,6 +127,28 @@ impl Store {
             paused: r
                 .get::<_, Option<f64>>(12)
                 .zip(r.get::<_, Option<String>>(13)),
+            key: r.get::<_, Option<String>>(14).map(|key| KeyWait {
+                key,
+                parked: r.get(15),
+                cap: r.get(16),
+                running: r.get(17),
+                rate: r
+                    .get::<_, Option<i32>>(18)
+                    .zip(r.get::<_, Option<i64>>(19))
+                    .map(|(n, ms)| (n, Duration::from_millis(ms.max(0) as u64))),
+                rate_used: r.get(20),
+                ordered: r.get(21),
+                ahead: r
+                    .get::<_, Option<String>>(22)
+                    .zip(r.get::<_, Option<String>>(23)),
+                keys_ahead: r.get(24),
+                key_before: r.get(25),
+                skipped: r
+                    .get::<_, Option<String>>(26)
+                    .zip(r.get::<_, Option<f64>>(27)),
+                dead_blocks: r.get(28),
+                later_started: r.get(29),
+            }),
         })))
     }
 
@@ -182,6 +204,91 @@ pub struct Waiting {
     pub rate_used: i64,
     /// When the queue is paused: for how long (seconds) and by whom.
     pub paused: Option<(f64, String)>,
+    /// The job's key and what it holds (`None`: the job has no key).
+    pub key: Option<KeyWait>,
+}
+
+/// What a job's key holds it to (a keyed queue; see `job_explain.sql`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KeyWait {
+    pub key: String,
+    /// Parked: waiting in PostgreSQL for a take.
+    pub parked: bool,
+    /// The key's limit (its override, else the queue's key_concurrency; 1 when ordered) and
+    /// its running jobs.
+    pub cap: Option<i32>,
+    pub running: i64,
+    /// The key's rate (its override, else the queue's key_rate_limit) and the starts that
+    /// count in its window.
+    pub rate: Option<(i32, Duration)>,
+    pub rate_used: i64,
+    pub ordered: bool,
+    /// An ordered key's job that goes first: (id, running | retrying | dead | parked).
+    pub ahead: Option<(String, String)>,
+    /// Keys whose first job comes before this job's turn; parked jobs of its key before it.
+    pub keys_ahead: i64,
+    pub key_before: i64,
+    /// Skipped in its key's order: by whom, when (seconds since the epoch).
+    pub skipped: Option<(String, f64)>,
+    /// In an ordered queue, a dead job holds its key (ordered_on_dead = "block").
+    pub dead_blocks: bool,
+    /// A dead job's key's later jobs (after it in the key's order) that have started (an ordered
+    /// key runs them only once it is out of the way).
+    pub later_started: i64,
+}
+
+/// Why a parked job waits: what of its key holds it, else its turn.
+fn key_reason(k: &KeyWait) -> String {
+    let key = &k.key;
+    if let Some((id, status)) = &k.ahead {
+        return format!("waiting: key {key} is ordered and job {id} is ahead of it ({status})");
+    }
+    if let Some(cap) = k.cap.filter(|c| k.running >= i64::from(*c)) {
+        return format!("waiting: key {key} has {} running (limit {cap})", k.running);
+    }
+    if let Some((n, win)) = k.rate.filter(|(n, _)| k.rate_used >= i64::from(*n)) {
+        let win = crate::config::fmt_dur(win);
+        return format!(
+            "waiting: key {key} started {} jobs in the last {win} (limit {n}/{win})",
+            k.rate_used
+        );
+    }
+    let mut s = format!("waiting: its turn ({} keys ahead", k.keys_ahead);
+    if k.key_before > 0 {
+        s.push_str(&format!(", {} jobs of key {key} before it", k.key_before));
+    }
+    s.push(')');
+    s
+}
+
+/// What a dead job means to its key's order.
+fn dead_key_note(k: &KeyWait) -> Option<String> {
+    let key = &k.key;
+    if let Some((by, at)) = &k.skipped {
+        let at = chrono::DateTime::from_timestamp(*at as i64, 0)
+            .map(|t| t.format("%Y-%m-%d %H:%M:%SZ").to_string())
+            .unwrap_or_default();
+        return Some(format!(
+            "skipped in the order of key {key} by {by} at {at}: its later jobs run on \
+             ({} of them started)",
+            k.later_started
+        ));
+    }
+    if !k.ordered {
+        return None;
+    }
+    Some(if k.dead_blocks {
+        format!(
+            "holds the later jobs of ordered key {key}: retry it (`jobwarden dlq retry <id>`) \
+             or skip it (`jobwarden keys skip <id>`)"
+        )
+    } else {
+        format!(
+            "key {key} went on without it (ordered_on_dead = \"skip\"): {} of its later jobs \
+             started",
+            k.later_started
+        )
+    })
 }
 
 /// Says in words what a job waits for.
@@ -206,6 +313,19 @@ pub fn explain(w: &Waiting) -> String {
                 w.workers_alive
             )
         }
+        "queued" if w.key.as_ref().is_some_and(|k| k.parked) => {
+            let k = w.key.as_ref().expect("a key");
+            format!(
+                "{}; {} of its queue running, {} worker(s) alive",
+                key_reason(k),
+                w.running,
+                w.workers_alive
+            )
+        }
+        "dead" => match w.key.as_ref().and_then(dead_key_note) {
+            Some(note) => format!("dead: waits for nothing; {note}"),
+            None => "dead: waits for nothing".to_string(),
+        },
         "queued" => {
             let mut s = if let Some(cap) = w.cap.filter(|c| w.cap_held >= i64::from(*c)) {
                 format!(
@@ -245,7 +365,7 @@ pub fn explain(w: &Waiting) -> String {
             s
         }
         "processing" => "running (see worker and last activity)".to_string(),
-        "completed" | "dead" | "cancelled" => format!("{}: waits for nothing", w.status),
+        "completed" | "cancelled" => format!("{}: waits for nothing", w.status),
         other => format!("status {other}"),
     }
 }
@@ -268,6 +388,7 @@ mod tests {
             cap_held: 0,
             rate_used: 0,
             paused: None,
+            key: None,
         }
     }
 
@@ -310,6 +431,93 @@ mod tests {
             "{}",
             explain(&limited)
         );
+    }
+
+    #[test]
+    fn a_parked_jobs_wait_is_said_by_what_of_its_key_holds_it() {
+        let mut q = w("queued");
+        let k = KeyWait {
+            key: "customer-42".into(),
+            parked: true,
+            cap: Some(2),
+            running: 2,
+            rate: Some((5, Duration::from_secs(1))),
+            rate_used: 5,
+            keys_ahead: 3,
+            ..KeyWait::default()
+        };
+        q.key = Some(k.clone());
+        assert!(
+            explain(&q).starts_with(
+                "waiting: key customer-42 has 2 running (limit 2); 2 of its queue running"
+            ),
+            "{}",
+            explain(&q)
+        );
+        q.key = Some(KeyWait {
+            running: 1,
+            ..k.clone()
+        });
+        assert!(
+            explain(&q)
+                .starts_with("waiting: key customer-42 started 5 jobs in the last 1s (limit 5/1s)"),
+            "{}",
+            explain(&q)
+        );
+        q.key = Some(KeyWait {
+            running: 1,
+            rate_used: 4,
+            key_before: 2,
+            ..k.clone()
+        });
+        assert!(
+            explain(&q).starts_with(
+                "waiting: its turn (3 keys ahead, 2 jobs of key customer-42 before it)"
+            ),
+            "{}",
+            explain(&q)
+        );
+        q.key = Some(KeyWait {
+            ahead: Some(("j1".into(), "retrying".into())),
+            ..k.clone()
+        });
+        assert!(explain(&q).starts_with(
+            "waiting: key customer-42 is ordered and job j1 is ahead of it (retrying)"
+        ));
+        // Not parked (a keyed job queued the usual way): the queue's own reasons.
+        q.key = Some(KeyWait {
+            parked: false,
+            ..k.clone()
+        });
+        assert!(explain(&q).starts_with("next in line"), "{}", explain(&q));
+        let mut d = w("dead");
+        d.key = Some(KeyWait {
+            ordered: true,
+            dead_blocks: true,
+            ..k.clone()
+        });
+        assert!(explain(&d).contains("holds the later jobs of ordered key customer-42"));
+        d.key = Some(KeyWait {
+            ordered: true,
+            later_started: 4,
+            ..k.clone()
+        });
+        assert!(explain(&d).contains(
+            "key customer-42 went on without it (ordered_on_dead = \"skip\"): 4 of its later jobs"
+        ));
+        d.key = Some(KeyWait {
+            skipped: Some(("cli:alice@ops".into(), 0.0)),
+            later_started: 1,
+            ..k
+        });
+        assert!(
+            explain(&d).contains(
+                "skipped in the order of key customer-42 by cli:alice@ops at 1970-01-01 00:00:00Z"
+            ),
+            "{}",
+            explain(&d)
+        );
+        assert_eq!(explain(&w("dead")), "dead: waits for nothing");
     }
 
     /// `job_row` reads the columns of three statements by position: they must list the same.

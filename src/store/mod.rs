@@ -13,6 +13,7 @@ mod flow;
 mod inspect;
 mod jobs;
 mod keyflow;
+mod keyops;
 mod liveness;
 mod messages;
 mod ops;
@@ -31,8 +32,9 @@ pub use dashboard::{
     Bounded, JobFilter, JobSummary, QueueOverview, ScheduledJob, DASHBOARD_QUERY_LIMIT,
 };
 pub use flow::Grant;
-pub use inspect::{AttemptRow, JobRow};
+pub use inspect::{AttemptRow, JobRow, KeyWait};
 pub use keyflow::{Taken, Takes};
+pub use keyops::{BusyKey, KeyLimit, BUSIEST_KEYS};
 pub use liveness::{Reclaimed, Registration, StreamBounds};
 pub use messages::{InvalidRow, UnservedRow, PUBLISH_RETRY};
 pub use ops::{QueueStats, WorkerRow};

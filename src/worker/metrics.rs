@@ -527,15 +527,39 @@ async fn register_depth(r: &mut Registry, shared: &Shared) {
                     .set(0);
             }
         }
+        // Keyed queues' parked jobs and waiting keys (per queue: no per-key series).
+        let parked = Family::<QueueLabel, Gauge>::default();
+        let keys_waiting = Family::<QueueLabel, Gauge>::default();
+        for (q, p) in &shared.queues {
+            if p.keys.is_some() {
+                let label = QueueLabel { queue: q.clone() };
+                parked.get_or_create(&label).set(0);
+                keys_waiting.get_or_create(&label).set(0);
+            }
+        }
         for (queue, status, n) in rows {
-            by_status
-                .get_or_create(&QueueStatus { queue, status })
-                .set(n);
+            match status.as_str() {
+                "parked" => parked.get_or_create(&QueueLabel { queue }).set(n),
+                "keys_waiting" => keys_waiting.get_or_create(&QueueLabel { queue }).set(n),
+                _ => by_status
+                    .get_or_create(&QueueStatus { queue, status })
+                    .set(n),
+            };
         }
         r.register(
             "queue_jobs",
             "Jobs in PostgreSQL by queue and status (queued, scheduled, processing, dead), cluster-wide",
             by_status,
+        );
+        r.register(
+            "keyed_parked",
+            "A keyed queue's queued jobs parked in PostgreSQL, waiting for their key's limit or turn, cluster-wide",
+            parked,
+        );
+        r.register(
+            "keys_waiting",
+            "Keys of a keyed queue that have parked jobs, cluster-wide (jobwarden keys list names the busiest)",
+            keys_waiting,
         );
     }
     up.get_or_create(&source("postgres")).set(i64::from(pg_up));

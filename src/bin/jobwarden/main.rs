@@ -12,6 +12,7 @@ mod bench_prune;
 mod bench_recovery;
 mod bulk;
 mod demo;
+mod keys;
 mod prune;
 mod queues;
 mod testkit;
@@ -124,6 +125,12 @@ enum Command {
     Queues {
         #[command(subcommand)]
         command: queues::QueuesCommand,
+    },
+    /// Keyed queues: per-key overrides (set, unset, list with the busiest keys) and
+    /// skipping an ordered key's dead job.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
     },
     /// Retention: delete finished jobs whose keep is over now (one round, as the workers do
     /// every retention.every), or see with --dry-run what would go.
@@ -500,6 +507,10 @@ async fn real_main(cli: Cli) -> Result<()> {
             let store = Store::connect(&config.database).await?;
             queues::run(&store, command).await
         }
+        Command::Keys { command } => {
+            let config = Config::load_connections(path.as_deref())?;
+            keys::run(&config, command).await
+        }
         Command::Prune(args) => {
             let config = Config::load_connections(path.as_deref())?;
             prune::run(args, config).await
@@ -635,8 +646,11 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
     let rows = store.job_stats().await?;
     let unserved = store.unserved_list().await?;
     let paused = store.paused_queues().await?;
+    let busiest = store
+        .key_busiest(None, jobwarden::store::BUSIEST_KEYS)
+        .await?;
     if json {
-        let out = serde_json::json!({ "queues": rows, "unserved": unserved, "paused": paused });
+        let out = serde_json::json!({ "queues": rows, "unserved": unserved, "paused": paused, "busiest_keys": busiest });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -644,6 +658,9 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
     print!("{}", jobwarden::view::format_unserved(&unserved));
     if !paused.is_empty() {
         print!("\n{}", jobwarden::view::format_paused(&paused));
+    }
+    if !busiest.is_empty() {
+        print!("{}", keys::format_busiest(&busiest));
     }
     Ok(())
 }

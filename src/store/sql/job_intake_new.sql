@@ -14,7 +14,8 @@
 -- $1 worker id; $2 the queue's stale_after (ms); $3..$13 one array per column of the batch,
 -- as the claim's; $14 the expiries (Unix ms, NULL for none); $15 the keys; $16 the messages'
 -- stream sequences; $17 how many may start; $18 each key's limit (NULL: none); $19 fair
--- turns; $20 starts per $21 ms per key (key_rate_limit; NULL: none).
+-- turns; $20 starts per $21 ms per key (key_rate_limit; NULL: none; a key's own rate in
+-- key_limits replaces it).
 WITH input AS (
     SELECT t.*, COALESCE(t.key, '') AS k
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
@@ -61,6 +62,10 @@ inserted AS (
 started AS (
     INSERT INTO key_starts (queue, key, job_id, lease)
     SELECT ($4::text[])[1], i.key, i.id, i.lease
-    FROM inserted i WHERE $20::int4 IS NOT NULL AND i.key IS NOT NULL
+    FROM inserted i
+    WHERE i.key IS NOT NULL
+      AND ($20::int4 IS NOT NULL
+           OR EXISTS (SELECT 1 FROM key_limits o
+                      WHERE o.queue = ($4::text[])[1] AND o.key = i.key AND o.rate_n IS NOT NULL))
 )
 SELECT i.id, i.lease, i.attempts, true, false FROM inserted i

@@ -58,9 +58,11 @@ pub(super) enum Done {
     NotPaused,
     NotServed,
     Bulk,
+    Skipped,
+    NotSkipped,
 }
 
-const DONE: [(Done, &str); 13] = [
+const DONE: [(Done, &str); 15] = [
     (Done::Retried, "retried"),
     (Done::Discarded, "discarded"),
     (Done::NotDead, "not-dead"),
@@ -74,6 +76,8 @@ const DONE: [(Done, &str); 13] = [
     (Done::NotPaused, "not-paused"),
     (Done::NotServed, "not-served"),
     (Done::Bulk, "bulk"),
+    (Done::Skipped, "skipped"),
+    (Done::NotSkipped, "not-skipped"),
 ];
 
 impl Done {
@@ -105,6 +109,15 @@ impl Done {
             Done::Resumed => "queue resumed".into(),
             Done::NotPaused => "not resumed: the queue is not paused".into(),
             Done::Bulk => format!("{n} jobs changed by the bulk action (recorded in bulk_actions)"),
+            Done::Skipped => {
+                "skipped in its key's order: the key's later jobs run on (the job stays dead)"
+                    .into()
+            }
+            Done::NotSkipped => {
+                "not skipped: the job holds no key's order (not dead, no key, never parked, or \
+                 skipped already)"
+                    .into()
+            }
             Done::NotServed => {
                 "not paused: no running worker serves this queue (`jobwarden queues pause \
                  --force` pauses it anyway)"
@@ -146,6 +159,22 @@ pub(super) async fn job_retry(
             info!(job.id = %f.id, "dashboard: dead job retried");
             back(&f.page(), Done::Retried, 1)
         }
+        Err(e) => failed(e),
+    }
+}
+
+/// Lets an ordered key's dead job go (`skip_key_job()`), recorded with the admin's name.
+pub(super) async fn job_skip(
+    admin: Admin,
+    State(shared): State<Arc<Shared>>,
+    ActionForm(f): ActionForm<JobForm>,
+) -> Response {
+    match shared.store.key_job_skip(&f.id, &admin.who()).await {
+        Ok(key) => {
+            info!(job.id = %f.id, job.key = %key, "dashboard: dead job skipped in its key's order");
+            back(&f.page(), Done::Skipped, 1)
+        }
+        Err(e) if e.rejected_data().is_some() => back(&f.page(), Done::NotSkipped, 0),
         Err(e) => failed(e),
     }
 }

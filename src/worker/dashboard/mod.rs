@@ -85,6 +85,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/job", get(pages::job::page))
         .route("/job/retry", post(actions::job_retry))
         .route("/job/cancel", post(actions::job_cancel))
+        .route("/job/skip", post(actions::job_skip))
         .route("/pipeline", get(pages::pipeline::page))
         .route("/pipeline/cancel", post(actions::pipeline_cancel))
         .route("/dead", get(pages::jobs::dead))

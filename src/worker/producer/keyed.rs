@@ -38,6 +38,9 @@ pub(super) struct Keyed {
     /// a job that ends here may free their key, so take again. Else only poll, now and then
     /// ([`TAKE_POLL_MAX`]), for what other workers park.
     more: bool,
+    /// The rules were recorded in `flow_queues` (for `jobs show`; tried again at each take
+    /// until it succeeds).
+    declared: bool,
 }
 
 impl Keyed {
@@ -50,6 +53,7 @@ impl Keyed {
             outage: Outage::new(format!("take of queue {queue}")),
             horizon: None,
             more: true,
+            declared: false,
         }
     }
 
@@ -94,6 +98,20 @@ impl Producer {
         }
         k.due = false;
         let rules = k.rules;
+        if !k.declared {
+            // What `jobs show` explains a parked job's wait by; a failure only delays that.
+            let declared = self
+                .shared
+                .store
+                .key_rules_declare(&self.policy.name, rules)
+                .await;
+            match declared {
+                Ok(()) => self.keyed.as_mut().expect("keyed").declared = true,
+                Err(e) => {
+                    debug!(queue = %self.policy.name, cause = %e, "cannot record the queue's key rules yet")
+                }
+            }
+        }
         let horizon = if rules.ordered {
             match self.ordered_horizon().await {
                 Ok(h) => h,

@@ -40,6 +40,12 @@ pub(crate) async fn page(
         waiting,
         owner,
     } = parts;
+    // An ordered queue of this worker's: its dead jobs may hold their keys.
+    let ordered = shared
+        .queues
+        .get(&job.queue)
+        .and_then(|p| p.keys)
+        .is_some_and(|k| k.ordered);
     let v = JobView::new(job, rows, waiting, owner.as_ref());
     let next = keys
         .last()
@@ -52,7 +58,7 @@ pub(crate) async fn page(
         }
         (facts(&v))
         @if viewer.admin {
-            (actions(&v, &id))
+            (actions(&v, &id, ordered))
         }
         (attempts_table(&v))
         (more_link("next-attempts", keys.len() as i64 >= PAGE, &next, &format!("next {PAGE} attempts")))
@@ -165,14 +171,22 @@ fn facts(v: &JobView) -> Markup {
     }
 }
 
-/// An admin's buttons: retry a dead job, cancel one that has not ended.
-fn actions(v: &JobView, id: &str) -> Markup {
+/// An admin's buttons: retry a dead job (or, in an ordered queue, skip it in its key's order),
+/// cancel one that has not ended.
+fn actions(v: &JobView, id: &str, ordered: bool) -> Markup {
     html! {
         div class="actions" {
             @if v.can_retry() {
                 form method="post" action="/job/retry" {
                     input type="hidden" name="id" value=(id);
                     button id="retry" { "Retry" }
+                }
+            }
+            // An ordered key's dead job may hold the key's later jobs: let it go.
+            @if ordered && v.can_retry() && v.key.is_some() {
+                form method="post" action="/job/skip" {
+                    input type="hidden" name="id" value=(id);
+                    button id="skip" title="let the key's later jobs run on; the job stays dead" { "Skip in key order" }
                 }
             }
             @if v.can_cancel() {

@@ -4,7 +4,7 @@
 use super::super::auth::Viewer;
 use super::super::layout::{failed, flash, more_link, page as layout, rows_of};
 use super::super::{q, PAGE};
-use crate::store::{Bounded, Pause, QueueOverview};
+use crate::store::{Bounded, BusyKey, Pause, QueueOverview, BUSIEST_KEYS};
 use crate::view::secs;
 use crate::worker::Shared;
 use axum::extract::{Query, State};
@@ -40,6 +40,10 @@ pub(crate) async fn page(
         Ok(p) => p,
         Err(e) => return failed(e),
     };
+    let busiest = match shared.store.key_busiest(None, BUSIEST_KEYS).await {
+        Ok(b) => b,
+        Err(e) => return failed(e),
+    };
     let body = html! {
         (flash(&p))
         table id="overview" {
@@ -55,6 +59,7 @@ pub(crate) async fn page(
             tbody { (overview_rows(&rows, &paused, viewer.admin)) }
         }
         (more_link("next", full, &next, &format!("next {PAGE} queues")))
+        (busiest_keys(&busiest))
         p class="muted" id="updated" { "updated live every 2 s" }
         // Not escaped: REFRESH is this file's own constant script, nothing from a request.
         script { (PreEscaped(REFRESH)) }
@@ -109,6 +114,36 @@ fn overview_rows(rows: &[QueueOverview], paused: &[Pause], admin: bool) -> Marku
                 (cell(r, "p95", html! { (secs(r.p95_run_seconds)) }))
                 (cell(r, "dead", dead(r)))
                 (cell(r, "oldest_queued", html! { (secs(r.oldest_queued_seconds)) }))
+            }
+        }
+    }
+}
+
+/// The busiest keys of each keyed queue (the longest backlog first), as the page was drawn.
+fn busiest_keys(rows: &[BusyKey]) -> Markup {
+    html! {
+        @if !rows.is_empty() {
+            h2 { "Busiest keys" }
+            table id="busiest-keys" {
+                thead {
+                    tr { th { "queue" } th { "key" } th class="n" { "parked" } th class="n" { "running" } }
+                }
+                tbody {
+                    @for b in rows {
+                        tr data-queue=(b.queue) data-key=(b.key) {
+                            td { (b.queue) }
+                            td {
+                                @if b.key.is_empty() {
+                                    span class="muted" { "(no key)" }
+                                } @else {
+                                    (b.key)
+                                }
+                            }
+                            td class="n" data-field="parked" { (b.parked) }
+                            td class="n" data-field="running" { (b.running) }
+                        }
+                    }
+                }
             }
         }
     }
