@@ -719,6 +719,28 @@ async fn jobs_show_says_why_a_parked_job_waits() {
     park(&env.store, "w1", plain, 30, &inputs).await;
     let why = explain("t-c-1").await;
     assert!(why.starts_with("waiting: its turn (4 keys ahead)"), "{why}");
+
+    // With fair turns a parked job has no turn of its own: its key's next turn counts (a key
+    // that comes when the clock has moved on waits behind one parked before).
+    c.batch_execute("DELETE FROM jobs WHERE parked; DELETE FROM job_keys")
+        .await
+        .unwrap();
+    let fair = KeyRules {
+        fair: true,
+        ..plain
+    };
+    env.store.key_rules_declare("work", fair).await.unwrap();
+    let inputs: Vec<ClaimInput> = ["f-a", "f-b"]
+        .iter()
+        .map(|k| keyed_input(&format!("{k}-1"), Some(k)))
+        .collect();
+    park(&env.store, "w1", fair, 40, &inputs[..1]).await;
+    c.execute("UPDATE flow_queues SET vturn = vturn + 1", &[])
+        .await
+        .unwrap();
+    park(&env.store, "w1", fair, 41, &inputs[1..]).await;
+    let why = explain("f-b-1").await;
+    assert!(why.starts_with("waiting: its turn (1 keys ahead)"), "{why}");
 }
 
 /// `stats` and `keys list` name the busiest keys of a keyed queue, the longest backlog

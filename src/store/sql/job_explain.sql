@@ -45,7 +45,11 @@ SELECT j.status, j.attempts,
        (SELECT count(*) FROM job_keys k
         WHERE j.parked AND k.queue = j.queue AND k.head_turn IS NOT NULL
           AND k.key <> COALESCE(j.key, '')
-          AND (k.head_priority, k.head_turn) < (j.priority, j.turn)) AS keys_ahead,
+          -- With fair turns a job has no turn of its own: its key's next turn (version 24).
+          AND (k.head_priority, k.head_turn)
+              < (j.priority, COALESCE(j.turn, (SELECT h.head_turn FROM job_keys h
+                                               WHERE h.queue = j.queue
+                                                 AND h.key = COALESCE(j.key, ''))))) AS keys_ahead,
        (SELECT count(*) FROM jobs b
         WHERE j.parked AND b.queue = j.queue AND COALESCE(b.key, '') = COALESCE(j.key, '')
           AND b.status = 'queued' AND b.parked
