@@ -118,62 +118,7 @@ impl Client {
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let mut spec = serde_json::Map::new();
-        spec.insert("queue".into(), queue.into());
-        spec.insert("payload".into(), payload);
-        spec.insert("id".into(), id.clone().into());
-        let ms = |d: Duration| Value::from(d.as_millis().min(i64::MAX as u128) as i64);
-        let mut put = |k: &str, v: Option<Value>| {
-            if let Some(v) = v {
-                spec.insert(k.into(), v);
-            }
-        };
-        put("priority", opts.priority.map(Value::from));
-        put("max_attempts", opts.max_attempts.map(Value::from));
-        // A timeout under a millisecond is 0 ms, which the contract refuses by name.
-        put("timeout_ms", opts.timeout.map(ms));
-        put("delay_ms", opts.delay.map(ms));
-        put(
-            "idempotency_key",
-            opts.idempotency_key.clone().map(Value::from),
-        );
-        put(
-            "backoff",
-            opts.backoff
-                .map(|b| serde_json::to_value(b).expect("a backoff serialises")),
-        );
-        if !opts.then.is_empty() {
-            put(
-                "then",
-                Some(serde_json::to_value(&opts.then).expect("then specs serialise")),
-            );
-        }
-        if !opts.depends_on.is_empty() {
-            put("depends_on", Some(Value::from(opts.depends_on.clone())));
-        }
-        // An instant before 1970 is a negative number, which the contract refuses by name.
-        put(
-            "expires_at_ms",
-            opts.expires_at
-                .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
-                    Ok(d) => ms(d),
-                    Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
-                }),
-        );
-        put(
-            "expires_in",
-            opts.expires_in
-                .map(|d| Value::from(format!("{}ns", d.as_nanos()))),
-        );
-        put("key", opts.key.clone().map(Value::from));
-        for (field, d) in [
-            ("debounce", opts.debounce),
-            ("debounce_max_wait", opts.debounce_max_wait),
-            ("throttle", opts.throttle),
-            ("unique_for", opts.unique_for),
-        ] {
-            put(field, d.map(|d| Value::from(format!("{}ns", d.as_nanos()))));
-        }
+        let spec = spec_of(queue, payload, &id, opts);
         let checked = crate::contract::check_spec(
             &spec,
             crate::contract::Door::Enqueue,
@@ -383,4 +328,70 @@ impl Client {
         }
         Ok(enq)
     }
+}
+
+/// An enqueue's spec, as the contract reads it (every field the options set).
+fn spec_of(
+    queue: &str,
+    payload: Value,
+    id: &str,
+    opts: &EnqueueOptions,
+) -> serde_json::Map<String, Value> {
+    let mut spec = serde_json::Map::new();
+    spec.insert("queue".into(), queue.into());
+    spec.insert("payload".into(), payload);
+    spec.insert("id".into(), id.into());
+    let ms = |d: Duration| Value::from(d.as_millis().min(i64::MAX as u128) as i64);
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            spec.insert(k.into(), v);
+        }
+    };
+    put("priority", opts.priority.map(Value::from));
+    put("max_attempts", opts.max_attempts.map(Value::from));
+    // A timeout under a millisecond is 0 ms, which the contract refuses by name.
+    put("timeout_ms", opts.timeout.map(ms));
+    put("delay_ms", opts.delay.map(ms));
+    put(
+        "idempotency_key",
+        opts.idempotency_key.clone().map(Value::from),
+    );
+    put(
+        "backoff",
+        opts.backoff
+            .map(|b| serde_json::to_value(b).expect("a backoff serialises")),
+    );
+    if !opts.then.is_empty() {
+        put(
+            "then",
+            Some(serde_json::to_value(&opts.then).expect("then specs serialise")),
+        );
+    }
+    if !opts.depends_on.is_empty() {
+        put("depends_on", Some(Value::from(opts.depends_on.clone())));
+    }
+    // An instant before 1970 is a negative number, which the contract refuses by name.
+    put(
+        "expires_at_ms",
+        opts.expires_at
+            .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
+                Ok(d) => ms(d),
+                Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
+            }),
+    );
+    put(
+        "expires_in",
+        opts.expires_in
+            .map(|d| Value::from(format!("{}ns", d.as_nanos()))),
+    );
+    put("key", opts.key.clone().map(Value::from));
+    for (field, d) in [
+        ("debounce", opts.debounce),
+        ("debounce_max_wait", opts.debounce_max_wait),
+        ("throttle", opts.throttle),
+        ("unique_for", opts.unique_for),
+    ] {
+        put(field, d.map(|d| Value::from(format!("{}ns", d.as_nanos()))));
+    }
+    spec
 }

@@ -13,8 +13,11 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// What a handler was given: (job id, payload), in order.
+type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
 /// A handler that records every (job id, payload) it is given.
-fn payloads() -> (Arc<dyn Handler>, Arc<Mutex<Vec<(String, Value)>>>) {
+fn payloads() -> (Arc<dyn Handler>, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let h = jobwarden::handler::from_fn(move |job| {
@@ -45,11 +48,7 @@ async fn strings(env: &TestEnv, sql: &str) -> Vec<String> {
 
 /// Waits until the handler has seen `n` jobs, then a little more (for any that should not
 /// come), and returns what it saw.
-async fn seen_after(
-    seen: &Arc<Mutex<Vec<(String, Value)>>>,
-    n: usize,
-    secs: u64,
-) -> Vec<(String, Value)> {
+async fn seen_after(seen: &Seen, n: usize, secs: u64) -> Vec<(String, Value)> {
     assert!(
         wait_for(Duration::from_secs(secs), || {
             let s = seen.clone();
