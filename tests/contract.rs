@@ -246,7 +246,10 @@ fn the_same_error_text_at_both_doors() {
         ),
         // Debounce, throttle, unique_for (version 23): the windows and the rules between them.
         (r#"{"payload":{},"key":"k","debounce":"0s"}"#, Door::Message),
-        (r#"{"payload":{},"key":"k","throttle":"11y"}"#, Door::Message),
+        (
+            r#"{"payload":{},"key":"k","throttle":"11y"}"#,
+            Door::Message,
+        ),
         (r#"{"payload":{},"key":"k","debounce":5}"#, Door::Message),
         (
             r#"{"payload":{},"key":"k","debounce":"5s","debounce_max_wait":"1s"}"#,
@@ -260,7 +263,10 @@ fn the_same_error_text_at_both_doors() {
             r#"{"payload":{},"key":"k","debounce":"1s","throttle":"1s"}"#,
             Door::Message,
         ),
-        (r#"{"queue":"q","payload":{},"debounce":"1s"}"#, Door::Enqueue),
+        (
+            r#"{"queue":"q","payload":{},"debounce":"1s"}"#,
+            Door::Enqueue,
+        ),
         (r#"{"queue":"q","payload":{},"throttle":"1s"}"#, Door::Then),
         (r#"{"payload":{},"unique_for":"1h"}"#, Door::Message),
     ] {
