@@ -29,7 +29,8 @@
 --
 -- What changes:
 -- * jobs.gate (jsonb: debounce_ms, max_wait_ms, throttle_ms, unique_for_ms), jobs.debounced
---   (how many jobs collapsed into this one), jobs.debounce_since (when the first of them
+--   (how many jobs collapsed into this one; NULL for none: every new column is NULL for a
+--   plain job, so its row costs no more than the null bitmap's bits), jobs.debounce_since (when the first of them
 --   came), jobs.gated_by (for a row that collapsed or was throttled: the job that runs
 --   instead), jobs.idempotency_key_released (a key whose unique_for passed).
 -- * queue_gates: each queue's settings as its workers declare them at start.
@@ -38,7 +39,7 @@
 --   four arguments more) take them.
 
 ALTER TABLE jobs ADD COLUMN gate jsonb,
-                 ADD COLUMN debounced integer NOT NULL DEFAULT 0,
+                 ADD COLUMN debounced integer,
                  ADD COLUMN debounce_since timestamptz,
                  ADD COLUMN gated_by text COLLATE "C",
                  ADD COLUMN idempotency_key_released text;
@@ -252,7 +253,7 @@ BEGIN
             last_error = format('debounced: collapsed into job %s', NEW.id),
             chain_pending = j.has_dependents
         WHERE j.id = prev.id;
-        NEW.debounced := prev.debounced + 1;
+        NEW.debounced := COALESCE(prev.debounced, 0) + 1;
         since := prev.debounce_since;
     END IF;
     NEW.debounce_since := since;
