@@ -57,6 +57,17 @@ pub struct EnqueueOptions {
     /// What groups the job with others (a customer, a tenant), e.g. `customer-42`: the
     /// rules of an id (the contract's `key`).
     pub key: Option<String>,
+    /// Jobs of this key that come within this window collapse into the last one, run once
+    /// the key has been quiet this long (needs `key`; replaces the queue's debounce).
+    pub debounce: Option<Duration>,
+    /// The debounced job runs at the latest this long after the first one came (at least
+    /// `debounce`).
+    pub debounce_max_wait: Option<Duration>,
+    /// At most one job of this key per window; the others end at once, `cancelled` with
+    /// `throttled: ...` (needs `key`; not with `debounce`).
+    pub throttle: Option<Duration>,
+    /// The idempotency key is held this long only (needs `idempotency_key`).
+    pub unique_for: Option<Duration>,
 }
 
 /// The `then` of an enqueue and its check are part of the job's wire format: they live
@@ -107,54 +118,7 @@ impl Client {
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let mut spec = serde_json::Map::new();
-        spec.insert("queue".into(), queue.into());
-        spec.insert("payload".into(), payload);
-        spec.insert("id".into(), id.clone().into());
-        let ms = |d: Duration| Value::from(d.as_millis().min(i64::MAX as u128) as i64);
-        let mut put = |k: &str, v: Option<Value>| {
-            if let Some(v) = v {
-                spec.insert(k.into(), v);
-            }
-        };
-        put("priority", opts.priority.map(Value::from));
-        put("max_attempts", opts.max_attempts.map(Value::from));
-        // A timeout under a millisecond is 0 ms, which the contract refuses by name.
-        put("timeout_ms", opts.timeout.map(ms));
-        put("delay_ms", opts.delay.map(ms));
-        put(
-            "idempotency_key",
-            opts.idempotency_key.clone().map(Value::from),
-        );
-        put(
-            "backoff",
-            opts.backoff
-                .map(|b| serde_json::to_value(b).expect("a backoff serialises")),
-        );
-        if !opts.then.is_empty() {
-            put(
-                "then",
-                Some(serde_json::to_value(&opts.then).expect("then specs serialise")),
-            );
-        }
-        if !opts.depends_on.is_empty() {
-            put("depends_on", Some(Value::from(opts.depends_on.clone())));
-        }
-        // An instant before 1970 is a negative number, which the contract refuses by name.
-        put(
-            "expires_at_ms",
-            opts.expires_at
-                .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
-                    Ok(d) => ms(d),
-                    Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
-                }),
-        );
-        put(
-            "expires_in",
-            opts.expires_in
-                .map(|d| Value::from(format!("{}ns", d.as_nanos()))),
-        );
-        put("key", opts.key.clone().map(Value::from));
+        let spec = spec_of(queue, payload, &id, opts);
         let checked = crate::contract::check_spec(
             &spec,
             crate::contract::Door::Enqueue,
@@ -163,7 +127,13 @@ impl Client {
         let priority = checked.priority.unwrap_or(DEFAULT_PRIORITY);
         let max_attempts = checked.max_attempts.unwrap_or(self.default_max_attempts);
         let timeout = checked.timeout_ms.map(|t| Duration::from_millis(t as u64));
+        let gate = checked.gate.applied(
+            &Default::default(),
+            false,
+            checked.idempotency_key.is_some(),
+        );
         let new = NewJob {
+            gate,
             id,
             queue: queue.to_string(),
             payload: checked.payload,
@@ -230,6 +200,14 @@ impl Client {
             .map_err(|e| ClientError::Invalid(format!("then: {e}")))?;
         let expires_at_ms = new.expires_at_ms;
         let expires_in = opts.expires_in.map(|d| format!("{}ns", d.as_nanos()));
+        let window = |f: &str| {
+            new.gate
+                .as_ref()
+                .and_then(|g| g.get(f))
+                .map(|ms| format!("{ms}ms"))
+        };
+        let (debounce, max_wait) = (window("debounce_ms"), window("max_wait_ms"));
+        let (throttle, unique_for) = (window("throttle_ms"), window("unique_for_ms"));
         let row = tx
             .query_one(
                 &sql,
@@ -248,6 +226,10 @@ impl Client {
                     &expires_at_ms,
                     &expires_in,
                     &new.key,
+                    &debounce,
+                    &max_wait,
+                    &throttle,
+                    &unique_for,
                 ],
             )
             .await
@@ -346,4 +328,70 @@ impl Client {
         }
         Ok(enq)
     }
+}
+
+/// An enqueue's spec, as the contract reads it (every field the options set).
+fn spec_of(
+    queue: &str,
+    payload: Value,
+    id: &str,
+    opts: &EnqueueOptions,
+) -> serde_json::Map<String, Value> {
+    let mut spec = serde_json::Map::new();
+    spec.insert("queue".into(), queue.into());
+    spec.insert("payload".into(), payload);
+    spec.insert("id".into(), id.into());
+    let ms = |d: Duration| Value::from(d.as_millis().min(i64::MAX as u128) as i64);
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            spec.insert(k.into(), v);
+        }
+    };
+    put("priority", opts.priority.map(Value::from));
+    put("max_attempts", opts.max_attempts.map(Value::from));
+    // A timeout under a millisecond is 0 ms, which the contract refuses by name.
+    put("timeout_ms", opts.timeout.map(ms));
+    put("delay_ms", opts.delay.map(ms));
+    put(
+        "idempotency_key",
+        opts.idempotency_key.clone().map(Value::from),
+    );
+    put(
+        "backoff",
+        opts.backoff
+            .map(|b| serde_json::to_value(b).expect("a backoff serialises")),
+    );
+    if !opts.then.is_empty() {
+        put(
+            "then",
+            Some(serde_json::to_value(&opts.then).expect("then specs serialise")),
+        );
+    }
+    if !opts.depends_on.is_empty() {
+        put("depends_on", Some(Value::from(opts.depends_on.clone())));
+    }
+    // An instant before 1970 is a negative number, which the contract refuses by name.
+    put(
+        "expires_at_ms",
+        opts.expires_at
+            .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
+                Ok(d) => ms(d),
+                Err(e) => Value::from(-(e.duration().as_millis().min(i64::MAX as u128) as i64)),
+            }),
+    );
+    put(
+        "expires_in",
+        opts.expires_in
+            .map(|d| Value::from(format!("{}ns", d.as_nanos()))),
+    );
+    put("key", opts.key.clone().map(Value::from));
+    for (field, d) in [
+        ("debounce", opts.debounce),
+        ("debounce_max_wait", opts.debounce_max_wait),
+        ("throttle", opts.throttle),
+        ("unique_for", opts.unique_for),
+    ] {
+        put(field, d.map(|d| Value::from(format!("{}ns", d.as_nanos()))));
+    }
+    spec
 }

@@ -264,6 +264,10 @@ pub const ENQUEUE_FIELDS: &[&str] = &[
     "expires_at_ms",
     "expires_in",
     "key",
+    "debounce",
+    "debounce_max_wait",
+    "throttle",
+    "unique_for",
 ];
 
 /// The fields later versions of the schema added, with the version that added each. A
@@ -271,10 +275,18 @@ pub const ENQUEUE_FIELDS: &[&str] = &[
 /// `V20_…` placeholders): an applied migration must render the same text again (refinery
 /// refuses a database whose applied migration changed), so a new field is added here, with
 /// a new migration, and never changes an older one's lists.
-const ADDED_FIELDS: &[(&str, u32)] = &[("expires_at_ms", 18), ("expires_in", 18), ("key", 20)];
+const ADDED_FIELDS: &[(&str, u32)] = &[
+    ("expires_at_ms", 18),
+    ("expires_in", 18),
+    ("key", 20),
+    ("debounce", 23),
+    ("debounce_max_wait", 23),
+    ("throttle", 23),
+    ("unique_for", 23),
+];
 
 /// The schema versions whose migrations render the field lists (see [`ADDED_FIELDS`]).
-const FIELD_LIST_VERSIONS: &[u32] = &[14, 18, 20];
+const FIELD_LIST_VERSIONS: &[u32] = &[14, 18, 20, 23];
 
 /// Where a spec comes in: which fields it may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,6 +317,10 @@ impl Door {
                 "expires_at_ms",
                 "expires_in",
                 "key",
+                "debounce",
+                "debounce_max_wait",
+                "throttle",
+                "unique_for",
             ],
             Door::Then => &[
                 "queue",
@@ -319,6 +335,10 @@ impl Door {
                 "then",
                 "expires_in",
                 "key",
+                "debounce",
+                "debounce_max_wait",
+                "throttle",
+                "unique_for",
             ],
             Door::Enqueue => ENQUEUE_FIELDS,
         }
@@ -381,7 +401,7 @@ impl Refused {
         }
     }
 
-    fn bad(field: &str, reason: impl Into<String>) -> Refused {
+    pub(crate) fn bad(field: &str, reason: impl Into<String>) -> Refused {
         Refused::BadValue {
             field: field.to_string(),
             reason: reason.into(),
@@ -804,6 +824,8 @@ pub struct Spec {
     pub expires_in_ms: Option<i64>,
     /// What groups the job with others (a customer, a tenant), e.g. `customer-42`.
     pub key: Option<String>,
+    /// Debounce, throttle, unique_for (schema version 23).
+    pub gate: Gate,
 }
 
 impl Spec {
@@ -843,6 +865,15 @@ impl Spec {
             self.expires_in_ms.map(|ms| Value::from(format!("{ms}ms"))),
         );
         put("key", self.key.clone().map(Value::from));
+        let g = &self.gate;
+        for (field, ms) in [
+            ("debounce", g.debounce_ms),
+            ("debounce_max_wait", g.max_wait_ms),
+            ("throttle", g.throttle_ms),
+            ("unique_for", g.unique_for_ms),
+        ] {
+            put(field, ms.map(|ms| Value::from(format!("{ms}ms"))));
+        }
         Value::Object(m)
     }
 }
@@ -1025,6 +1056,8 @@ fn check_at(
         }
         None => None,
     };
+    // Debounce, throttle, unique_for (version 23), after the key they need.
+    let gate = check_gate(obj, door, at)?;
     let narrow = |v: Option<i64>| v.map(|v| v as i32);
     Ok(Spec {
         id,
@@ -1042,6 +1075,7 @@ fn check_at(
         expires_at_ms,
         expires_in_ms,
         key,
+        gate,
     })
 }
 
@@ -1090,6 +1124,169 @@ fn check_expiry(obj: &Map<String, Value>, at: &str) -> Result<(Option<i64>, Opti
     }
     Ok((expires_at_ms, expires_in_ms))
 }
+
+/// What a job asks of its key's other jobs (schema version 23): `debounce` (collapse into the
+/// last one, run when the key is quiet, at the latest `max_wait` after the first), `throttle`
+/// (at most one per window, the rest ended visibly) and `unique_for` (its idempotency key is
+/// held this long only). Whole milliseconds; `None` for none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gate {
+    pub debounce_ms: Option<i64>,
+    pub max_wait_ms: Option<i64>,
+    pub throttle_ms: Option<i64>,
+    pub unique_for_ms: Option<i64>,
+}
+
+impl Gate {
+    /// Nothing asked.
+    pub fn is_empty(&self) -> bool {
+        *self == Gate::default()
+    }
+
+    /// The job's own debounce or throttle (which replace its queue's).
+    pub fn names_debounce_or_throttle(&self) -> bool {
+        self.debounce_ms.is_some() || self.throttle_ms.is_some()
+    }
+
+    /// What applies to a job with this gate, `queue`'s settings and whether it has a key and
+    /// an idempotency key, as `jobs.gate` stores it (`None`: nothing; the gate trigger does
+    /// not fire): the job's own debounce/throttle, else its queue's (for a job with a key);
+    /// its own unique_for, else its queue's (for a job with an idempotency key). The twin of
+    /// SQL `job_gate()`.
+    pub fn applied(&self, queue: &Gate, keyed: bool, idempotent: bool) -> Option<Value> {
+        let rule = if self.names_debounce_or_throttle() {
+            *self
+        } else if keyed {
+            *queue
+        } else {
+            Gate::default()
+        };
+        let unique_for = if idempotent {
+            self.unique_for_ms.or(queue.unique_for_ms)
+        } else {
+            None
+        };
+        let mut m = Map::new();
+        for (k, v) in [
+            ("debounce_ms", rule.debounce_ms),
+            ("max_wait_ms", rule.max_wait_ms),
+            ("throttle_ms", rule.throttle_ms),
+            ("unique_for_ms", unique_for),
+        ] {
+            if let Some(v) = v {
+                m.insert(k.to_string(), Value::from(v));
+            }
+        }
+        (!m.is_empty()).then_some(Value::Object(m))
+    }
+}
+
+/// A window (`debounce`, `debounce_max_wait`, `throttle`, `unique_for`): duration text from
+/// 1ms to [`MAX_DELAY_MS`]; whole milliseconds. The twin of SQL `contract_window_ms()`.
+pub fn check_window(text: &str, path: &str) -> Result<i64, Refused> {
+    let ns = parse_duration_ns(text).map_err(|e| Refused::bad(path, e))?;
+    if ns < 1_000_000 {
+        return Err(Refused::bad(
+            path,
+            format!("{text:?} is under a millisecond; a window is at least 1ms, e.g. \"5s\" (leave the field out for none)"),
+        ));
+    }
+    if ns > MAX_DELAY_MS as u128 * 1_000_000 {
+        return Err(Refused::bad(
+            path,
+            format!(
+                "{text:?} is longer than {} days, the longest window",
+                MAX_DELAY_MS / DAY_MS
+            ),
+        ));
+    }
+    Ok((ns / 1_000_000) as i64)
+}
+
+/// The rules between the windows, for a gate read from a spec or a queue's settings (the
+/// fields named by `path(field)`): debounce_max_wait only with debounce and not shorter;
+/// debounce or throttle, not both.
+pub fn check_gate_rules(
+    g: &Gate,
+    path: impl Fn(&str) -> String,
+    shown: impl Fn(&str) -> String,
+) -> Result<(), Refused> {
+    if g.max_wait_ms.is_some() && g.debounce_ms.is_none() {
+        return Err(Refused::bad(
+            &path("debounce_max_wait"),
+            "is given without debounce; it bounds how long a debounce may hold a job back: add \"debounce\" (e.g. \"5s\") or leave debounce_max_wait out",
+        ));
+    }
+    if let (Some(m), Some(d)) = (g.max_wait_ms, g.debounce_ms) {
+        if m < d {
+            return Err(Refused::bad(
+                &path("debounce_max_wait"),
+                format!(
+                    "{} is shorter than debounce {}; a debounced job runs at the latest max_wait after the first one came, so max_wait is at least the debounce (e.g. debounce \"5s\", debounce_max_wait \"30s\")",
+                    shown("debounce_max_wait"),
+                    shown("debounce")
+                ),
+            ));
+        }
+    }
+    if g.debounce_ms.is_some() && g.throttle_ms.is_some() {
+        return Err(Refused::bad(
+            &path("throttle"),
+            "is given with debounce; a key's jobs are debounced (the last one runs) or throttled (the first one runs), not both: keep one",
+        ));
+    }
+    Ok(())
+}
+
+/// The gate fields of a spec (schema version 23): the windows and the rules between them;
+/// debounce or throttle need the job's key (but a message's, which its queue's key_from may
+/// give it after the decode: the worker checks that one), unique_for its idempotency key.
+/// The twin of SQL `contract_check_gate()`.
+fn check_gate(obj: &Map<String, Value>, door: Door, at: &str) -> Result<Gate, Refused> {
+    let window = |field: &str| -> Result<Option<i64>, Refused> {
+        let path = join(at, field);
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => check_window(s, &path).map(Some),
+            Some(other) => Err(Refused::wrong(
+                &path,
+                "a duration string, e.g. \"5s\"",
+                other,
+            )),
+        }
+    };
+    let gate = Gate {
+        debounce_ms: window("debounce")?,
+        max_wait_ms: window("debounce_max_wait")?,
+        throttle_ms: window("throttle")?,
+        unique_for_ms: window("unique_for")?,
+    };
+    check_gate_rules(
+        &gate,
+        |f| join(at, f),
+        |f| obj.get(f).map(ToString::to_string).unwrap_or_default(),
+    )?;
+    let absent = |f: &str| !matches!(obj.get(f), Some(Value::String(_)));
+    if door != Door::Message && absent("key") && gate.names_debounce_or_throttle() {
+        let field = if gate.debounce_ms.is_some() {
+            "debounce"
+        } else {
+            "throttle"
+        };
+        return Err(Refused::bad(&join(at, field), NEEDS_KEY));
+    }
+    if gate.unique_for_ms.is_some() && absent("idempotency_key") {
+        return Err(Refused::bad(
+            &join(at, "unique_for"),
+            "needs an idempotency_key: it is how long the job's idempotency key is held; add \"idempotency_key\" or leave unique_for out",
+        ));
+    }
+    Ok(gate)
+}
+
+/// Why a debounce or throttle without a key is refused.
+pub const NEEDS_KEY: &str =
+    "needs a key: it applies to the jobs of one key; add \"key\" (e.g. \"customer-42\")";
 
 /// A forbidden-character table as the body of a PostgreSQL regular-expression bracket
 /// (`\uXXXX` escapes; NUL left out, as `text` cannot hold it).
@@ -1302,7 +1499,11 @@ pub fn json_schema() -> Value {
             "backoff": {"$ref": "#/$defs/backoff"},
             "then": {"type": ["array", "null"], "maxItems": MAX_THEN_JOBS, "items": {"$ref": "#/$defs/thenJob"}},
             "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after it is created (when its parent completed), it never runs: it ends `cancelled` as expired. Above zero."},
-            "key": {"$ref": "#/$defs/jobKey"}
+            "key": {"$ref": "#/$defs/jobKey"},
+            "debounce": {"$ref": "#/$defs/duration", "description": "Jobs of this key (and queue) that come within this window collapse into the last one, which runs once the key has been quiet this long. Needs `key`. Not with throttle. Replaces the queue's debounce and throttle."},
+            "debounce_max_wait": {"$ref": "#/$defs/duration", "description": "With debounce: the job runs at the latest this long after the first collapsed job came. At least the debounce."},
+            "throttle": {"$ref": "#/$defs/duration", "description": "At most one job of this key (and queue) per window: a later one ends at once, `cancelled` with last_error `throttled: ...`. Needs `key`. Not with debounce."},
+            "unique_for": {"$ref": "#/$defs/duration", "description": "The idempotency key is held this long only: a job with the same key within it is the same job, after it a new one. Needs `idempotency_key`. Absent: the queue's unique_for, else for ever."}
         }
     });
     let fields: Vec<&str> = Door::Message.fields().to_vec();
@@ -1310,7 +1511,7 @@ pub fn json_schema() -> Value {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "jobwarden job message body",
         "description": format!(
-            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id`, `key` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes); (6) `expires_at_ms` and `expires_in` are never both given. See docs/message-format.md.",
+            "GENERATED from src/contract.rs (contract::json_schema); do not edit. The body of a message published to jobs.<queue>. Either an envelope (an object with a `payload` key and no keys other than the envelope keys) or any other JSON object, which is taken whole as the payload. Rules this schema does not express, enforced by every door: (1) the limits on `id`, `key` and `idempotency_key` are in UTF-8 bytes, while maxLength counts characters; (2) an envelope's `priority` must be its subject's (jobs.<queue>.<p>, or 5 on jobs.<queue>); (3) a `then` tree holds at most {MAX_THEN_JOBS} jobs in all, at most {MAX_THEN_DEPTH} deep; (4) a backoff's max is not below its base, and its base is above zero unless it is fixed; (5) the whole body must fit in worker.max_payload_bytes (default {} bytes); (6) `expires_at_ms` and `expires_in` are never both given; (7) `debounce_max_wait` only with `debounce` and not shorter, `debounce` and `throttle` never both, `unique_for` only with `idempotency_key`. See docs/message-format.md.",
             DEFAULT_MAX_PAYLOAD_BYTES
         ),
         "oneOf": [{"$ref": "#/$defs/envelope"}, {"$ref": "#/$defs/plain"}],
@@ -1340,6 +1541,10 @@ pub fn json_schema() -> Value {
                     "expires_at_ms": whole(0, MAX_RUN_AT_MS, "Not started by this instant (Unix milliseconds), the job never runs: it ends `cancelled` with last_error `expired: not started by <instant>`. Already past: it ends so at once. A job running when the instant passes runs to its end. Not with expires_in."),
                     "expires_in": {"$ref": "#/$defs/duration", "description": "Not started this long after the message was stored by the stream, the job never runs (as expires_at_ms). Above zero. Absent (and no expires_at_ms): the queue's expire_after, if it has one. Not with expires_at_ms."},
                     "key": {"$ref": "#/$defs/jobKey"},
+                    "debounce": {"$ref": "#/$defs/duration", "description": "Jobs of this key (and queue) that come within this window collapse into the last one, which runs once the key has been quiet this long; the collapsed ones end `cancelled` (last_error `debounced: collapsed into job <id>`), counted in the survivor's `debounced`. Needs a key (`key`, or the queue's key_from). Not with throttle. Replaces the queue's debounce and throttle."},
+                    "debounce_max_wait": {"$ref": "#/$defs/duration", "description": "With debounce: the job runs at the latest this long after the first collapsed job came, however busy the key. At least the debounce."},
+                    "throttle": {"$ref": "#/$defs/duration", "description": "At most one job of this key (and queue) per window: a later one ends at once, `cancelled` with last_error `throttled: ...`. Needs a key. Not with debounce."},
+                    "unique_for": {"$ref": "#/$defs/duration", "description": "The idempotency key is held this long only: a job with the same key within it is the same job, after it a new one. Needs `idempotency_key`. Absent: the queue's unique_for, else for ever."},
                     "depends_on": {
                         "description": "Not accepted in a published message: a job that waits for others must be stored before anything runs it (SQL enqueue(..., depends_on => ...), the Rust client, or `jobwarden enqueue --depends-on`). A message with this key is dead-lettered with that reason.",
                         "not": {}
@@ -1752,6 +1957,9 @@ mod tests {
             assert!(v18.contains(list), "{list}");
         }
         let v20 = render_sql(include_str!("../migrations/V20__job_keys.sql"));
+        assert!(!v20.contains("debounce"));
+        // Version 23 has today's lists.
+        let v23 = render_sql(include_str!("../migrations/V23__debounce.sql"));
         for door in [Door::Message, Door::Then, Door::Enqueue] {
             let list = door
                 .fields()
@@ -1759,8 +1967,16 @@ mod tests {
                 .map(|f| format!("'{f}'"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            assert!(v20.contains(&format!("ARRAY[{list}]")), "{door}: {list}");
-            assert!(door.fields().contains(&"key"), "{door}");
+            assert!(v23.contains(&format!("ARRAY[{list}]")), "{door}: {list}");
+            for f in [
+                "key",
+                "debounce",
+                "debounce_max_wait",
+                "throttle",
+                "unique_for",
+            ] {
+                assert!(door.fields().contains(&f), "{door}: {f}");
+            }
         }
     }
 

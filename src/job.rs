@@ -124,6 +124,10 @@ pub struct NewJob {
     /// What groups the job with others (a customer, a tenant): the envelope's `key`, or
     /// where the queue's `key_from` says a message carries it (checked by the contract).
     pub key: Option<String>,
+    /// Debounce, throttle, unique_for as `jobs.gate` stores them (whole ms; `None`: none, the
+    /// common case): the job's own fields, else its queue's (see
+    /// [`crate::contract::Gate::applied`]).
+    pub gate: Option<Value>,
 }
 
 impl NewJob {
@@ -143,6 +147,7 @@ impl NewJob {
             then: None,
             expires_at_ms: None,
             key: None,
+            gate: None,
         }
     }
 
@@ -300,7 +305,6 @@ pub fn decode(
         priority_named: spec.priority.is_some(),
         max_attempts: spec.max_attempts,
         timeout: spec.timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
-        idempotency_key: spec.idempotency_key,
         run_at_ms: spec.run_at_ms,
         backoff: spec.backoff,
         then: spec.then,
@@ -308,6 +312,10 @@ pub fn decode(
             spec.expires_in_ms
                 .map(|ms| stored_ms(origin).saturating_add(ms))
         }),
+        gate: spec
+            .gate
+            .applied(&Default::default(), false, spec.idempotency_key.is_some()),
+        idempotency_key: spec.idempotency_key,
         key: spec.key,
     })
 }

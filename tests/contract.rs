@@ -244,6 +244,31 @@ fn the_same_error_text_at_both_doors() {
             r#"{"payload":{},"then":[{"queue":"q","payload":{},"key":"x\u200by"}]}"#,
             Door::Message,
         ),
+        // Debounce, throttle, unique_for (version 23): the windows and the rules between them.
+        (r#"{"payload":{},"key":"k","debounce":"0s"}"#, Door::Message),
+        (
+            r#"{"payload":{},"key":"k","throttle":"11y"}"#,
+            Door::Message,
+        ),
+        (r#"{"payload":{},"key":"k","debounce":5}"#, Door::Message),
+        (
+            r#"{"payload":{},"key":"k","debounce":"5s","debounce_max_wait":"1s"}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"key":"k","debounce_max_wait":"1s"}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"key":"k","debounce":"1s","throttle":"1s"}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"queue":"q","payload":{},"debounce":"1s"}"#,
+            Door::Enqueue,
+        ),
+        (r#"{"queue":"q","payload":{},"throttle":"1s"}"#, Door::Then),
+        (r#"{"payload":{},"unique_for":"1h"}"#, Door::Message),
     ] {
         let obj: Map<String, Value> = serde_json::from_str(text).unwrap();
         let rust = contract::check_spec(&obj, door, None)

@@ -286,6 +286,23 @@ pub struct QueueConfig {
     /// `"header:X-Customer"` (a NATS header). Messages only (SQL, the CLI, the Rust client
     /// and cron name the key itself). None by default.
     pub key_from: Option<KeyFrom>,
+    /// Jobs of one key that come within this window collapse into the last one, which runs
+    /// once the key has been quiet this long (`docs/configuration.md`). Keyed jobs only; a
+    /// job's own `debounce`/`throttle` replaces it. None by default.
+    #[serde(with = "humantime_serde", default)]
+    pub debounce: Option<Duration>,
+    /// A debounced job runs at the latest this long after the first of its collapsed jobs
+    /// came, however busy its key (at least `debounce`). None: no bound.
+    #[serde(with = "humantime_serde", default)]
+    pub debounce_max_wait: Option<Duration>,
+    /// At most one job of a key per window; the others end at once (`cancelled`,
+    /// `throttled: ...`). Keyed jobs only; not with debounce. None by default.
+    #[serde(with = "humantime_serde", default)]
+    pub throttle: Option<Duration>,
+    /// A job's idempotency key is held this long only (a job with the same key within it is
+    /// the same job; after it, a new one). None by default: held for ever.
+    #[serde(with = "humantime_serde", default)]
+    pub unique_for: Option<Duration>,
     /// Priorities are strict by default (0 = none); with N, every Nth pull serves the
     /// lower-priority lanes that have work, in turn, so they never starve.
     pub fair_every: u32,
@@ -407,6 +424,17 @@ pub enum OnDead {
 }
 
 impl QueueConfig {
+    /// The queue's debounce, throttle and unique_for, in whole milliseconds.
+    pub fn gate(&self) -> crate::contract::Gate {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis().min(i64::MAX as u128) as i64);
+        crate::contract::Gate {
+            debounce_ms: ms(self.debounce),
+            max_wait_ms: ms(self.debounce_max_wait),
+            throttle_ms: ms(self.throttle),
+            unique_for_ms: ms(self.unique_for),
+        }
+    }
+
     /// How the queue parks and takes its jobs by key (`None`: it is not keyed).
     pub fn key_rules(&self) -> Option<KeyRules> {
         (self.key_concurrency.is_some()
@@ -437,6 +465,10 @@ impl Default for QueueConfig {
             stale_after: None,
             expire_after: None,
             key_from: None,
+            debounce: None,
+            debounce_max_wait: None,
+            throttle: None,
+            unique_for: None,
             fair_every: 0,
             global_concurrency: None,
             rate_limit: None,
@@ -846,6 +878,44 @@ impl Config {
         }
     }
 
+    /// A queue's debounce, throttle and unique_for: each from 1ms to the longest delay, and
+    /// the rules between them that a job's own fields follow (contract::check_gate_rules).
+    fn check_gate(name: &str, q: &QueueConfig, errs: &mut Vec<String>) {
+        let longest = Duration::from_millis(crate::contract::MAX_DELAY_MS as u64);
+        for (field, d) in [
+            ("debounce", q.debounce),
+            ("debounce_max_wait", q.debounce_max_wait),
+            ("throttle", q.throttle),
+            ("unique_for", q.unique_for),
+        ] {
+            match d {
+                Some(d) if d < Duration::from_millis(1) => errs.push(format!(
+                    "queues.{name}.{field} ({}) must be at least 1ms, e.g. \"5s\"; leave it out \
+                     for none",
+                    fmt_dur(d)
+                )),
+                Some(d) if d > longest => errs.push(format!(
+                    "queues.{name}.{field} ({}) must be at most {}, the longest delay",
+                    fmt_dur(d),
+                    fmt_dur(longest)
+                )),
+                _ => {}
+            }
+        }
+        let shown = |f: &str| {
+            let d = match f {
+                "debounce" => q.debounce,
+                _ => q.debounce_max_wait,
+            };
+            format!("\"{}\"", fmt_dur(d.unwrap_or_default()))
+        };
+        if let Err(e) =
+            crate::contract::check_gate_rules(&q.gate(), |f| format!("queues.{name}.{f}"), shown)
+        {
+            errs.push(e.to_string());
+        }
+    }
+
     /// A queue's per-key settings.
     fn check_keys(name: &str, q: &QueueConfig, errs: &mut Vec<String>) {
         match q.key_concurrency {
@@ -914,6 +984,7 @@ impl Config {
             ));
         }
         Self::check_keys(name, q, errs);
+        Self::check_gate(name, q, errs);
         if q.fair_every == 1 || q.fair_every > 1000 {
             errs.push(format!(
                 "queues.{name}.fair_every ({}) must be 0 (strict priorities) or from 2 to \

@@ -29,6 +29,9 @@ pub(super) struct Columns<'a> {
     /// The jobs' keys (`jobs.key`): not among [`Columns::params`], each statement takes them
     /// last ([`Columns::keys`]).
     keys: Vec<Option<&'a str>>,
+    /// What gates each job (`jobs.gate`, version 23; NULL for none): each statement takes
+    /// them after the keys ([`Columns::gates`]).
+    gates: Vec<Option<&'a Value>>,
 }
 
 impl<'a> Columns<'a> {
@@ -47,6 +50,7 @@ impl<'a> Columns<'a> {
             traces: Vec::with_capacity(n),
             thens: Vec::with_capacity(n),
             keys: Vec::with_capacity(n),
+            gates: Vec::with_capacity(n),
         };
         for i in batch {
             let j = &i.job;
@@ -67,6 +71,7 @@ impl<'a> Columns<'a> {
             );
             c.thens.push(j.then.as_ref());
             c.keys.push(j.key.as_deref());
+            c.gates.push(j.gate.as_ref());
         }
         c
     }
@@ -74,6 +79,11 @@ impl<'a> Columns<'a> {
     /// The jobs' keys, the parameter each statement takes after its others.
     pub(super) fn keys(&self) -> &(dyn ToSql + Sync) {
         &self.keys
+    }
+
+    /// What gates each job, the parameter each statement takes after the keys.
+    pub(super) fn gates(&self) -> &(dyn ToSql + Sync) {
+        &self.gates
     }
 
     /// The eleven arrays, in the order the statements number them.
@@ -263,6 +273,7 @@ impl Store {
             params.push(d);
         }
         params.push(cols.keys());
+        params.push(cols.gates());
         params.extend_from_slice(extra);
         let client = self.client().await?;
         let st = client.prepare_cached(sql).await?;

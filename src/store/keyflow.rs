@@ -56,6 +56,7 @@ impl Store {
         params.push(&keys);
         params.push(&rules.fair);
         params.push(&seqs);
+        params.push(cols.gates());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_INTAKE).await?;
         let rows = client.query(&st, &params).await?;

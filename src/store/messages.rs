@@ -107,6 +107,7 @@ impl Store {
                     &job.expires_at_ms,
                     &expires_in,
                     &job.key,
+                    &job.gate,
                 ],
             )
             .await?;
@@ -233,6 +234,7 @@ impl Store {
         params.push(&expiries);
         params.push(cols.keys());
         params.push(&seqs);
+        params.push(cols.gates());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_ADOPT).await?;
         let rows = client.query(&st, &params).await?;

@@ -10,6 +10,7 @@ mod chain;
 mod cron;
 mod dashboard;
 mod flow;
+mod gates;
 mod inspect;
 mod jobs;
 mod keyflow;

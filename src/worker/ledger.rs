@@ -294,6 +294,7 @@ mod tests {
             stale_after: Duration::from_secs(1),
             expire_after: None,
             key_from: None,
+            gate: Default::default(),
             fair_every: 0,
             global_cap: None,
             rate: None,

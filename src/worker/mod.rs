@@ -179,6 +179,9 @@ pub(crate) struct QueuePolicy {
     /// Where the queue's messages carry their key when the envelope names none
     /// (`key_from`), see [`QueuePolicy::take_key`].
     pub key_from: Option<crate::config::KeyFrom>,
+    /// The queue's debounce, throttle and unique_for (empty: none, the common case), for a
+    /// message whose envelope names none, see [`QueuePolicy::gate_job`].
+    pub gate: crate::contract::Gate,
     /// Every Nth pull serves lower priorities (0: strict).
     pub fair_every: u32,
     /// Jobs running at once across every worker.
@@ -216,6 +219,47 @@ impl QueuePolicy {
         if job.key.is_none() && !republished {
             job.key = from.pick(&self.name, &job.payload, header)?;
         }
+        Ok(())
+    }
+
+    /// Settles what gates a message's job (after [`QueuePolicy::take_key`]): its own debounce
+    /// or throttle, which needs a key (refused naming the field when the job has none),
+    /// else the queue's, for a job with a key; its own unique_for, else the queue's, for a
+    /// job with an idempotency key. A republished message is left as it is (its row
+    /// exists). Costs nothing for a job and a queue with none.
+    pub fn gate_job(
+        &self,
+        job: &mut crate::job::NewJob,
+        republished: bool,
+    ) -> Result<(), crate::contract::Refused> {
+        if let Some(own) = &job.gate {
+            if job.key.is_none() {
+                if let Some(field) = ["debounce", "throttle"]
+                    .into_iter()
+                    .find(|f| own.get(format!("{f}_ms")).is_some())
+                {
+                    return Err(crate::contract::Refused::bad(
+                        field,
+                        format!("{} (or the queue's key_from)", crate::contract::NEEDS_KEY),
+                    ));
+                }
+            }
+        }
+        if self.gate.is_empty() || republished {
+            return Ok(());
+        }
+        let own = job.gate.as_ref();
+        let ms = |f: &str| {
+            own.and_then(|g| g.get(f))
+                .and_then(serde_json::Value::as_i64)
+        };
+        let mine = crate::contract::Gate {
+            debounce_ms: ms("debounce_ms"),
+            max_wait_ms: ms("max_wait_ms"),
+            throttle_ms: ms("throttle_ms"),
+            unique_for_ms: ms("unique_for_ms"),
+        };
+        job.gate = mine.applied(&self.gate, job.key.is_some(), job.idempotency_key.is_some());
         Ok(())
     }
 }
@@ -347,6 +391,17 @@ impl Shared {
                 max_payload_bytes: self.config.worker.max_payload_bytes,
                 queues: self.config.queues.keys().cloned().collect(),
             })
+            .await?;
+        // What the jobs of other doors (SQL, CLI, cron, `then`) get of its queues' debounce,
+        // throttle and unique_for.
+        let gates: Vec<(String, crate::contract::Gate)> = self
+            .config
+            .queues
+            .iter()
+            .map(|(name, q)| (name.clone(), q.gate()))
+            .collect();
+        self.beat_store
+            .queue_gates_declare(&self.worker_id, &gates)
             .await
     }
 
@@ -443,6 +498,7 @@ impl Worker {
                     stale_after: q.stale_after.unwrap_or(config.worker.stale_after),
                     expire_after: q.expire_after,
                     key_from: q.key_from.clone(),
+                    gate: q.gate(),
                     fair_every: q.fair_every,
                     global_cap: q.global_concurrency,
                     rate: q.rate_limit,

@@ -238,10 +238,12 @@ impl Reconciler {
         let again = msg_id
             .as_deref()
             .is_some_and(|id| super::producer::republished(id, &job.id));
-        self.shared.queues[lane.queue.as_str()]
+        let policy = &self.shared.queues[lane.queue.as_str()];
+        policy
             .take_key(&mut job, again, |h| {
                 m.headers.get(h).map(|v| v.as_str().to_string())
             })
+            .and_then(|()| policy.gate_job(&mut job, again))
             .map_err(|e| e.to_string())?;
         if job.priority_named && job.priority != lane.priority() {
             return Err(format!(

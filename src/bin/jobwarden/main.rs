@@ -105,6 +105,19 @@ enum Command {
         /// rules of a job id. May begin with '-'.
         #[arg(long, allow_hyphen_values = true)]
         key: Option<String>,
+        /// Jobs of this --key that come within this window collapse into the last one, run
+        /// once the key has been quiet this long (e.g. 5s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        debounce: Option<Duration>,
+        /// With --debounce: the job runs at the latest this long after the first one came.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        debounce_max_wait: Option<Duration>,
+        /// At most one job of this --key per window; the others end at once (throttled).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        throttle: Option<Duration>,
+        /// The --idempotency-key is held this long only (e.g. 1h); then a new job may take it.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        unique_for: Option<Duration>,
     },
     /// Inspect jobs.
     Jobs {
@@ -426,6 +439,10 @@ async fn real_main(cli: Cli) -> Result<()> {
             expires_at,
             expires_in,
             key,
+            debounce,
+            debounce_max_wait,
+            throttle,
+            unique_for,
         } => {
             let config = Config::load_connections(path.as_deref())?;
             let payload: serde_json::Value = serde_json::from_str(&payload).map_err(|e| {
@@ -459,6 +476,10 @@ async fn real_main(cli: Cli) -> Result<()> {
                 expires_at,
                 expires_in,
                 key,
+                debounce,
+                debounce_max_wait,
+                throttle,
+                unique_for,
             };
             let enq = client
                 .enqueue(&queue, payload, opts)

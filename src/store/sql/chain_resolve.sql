@@ -22,7 +22,7 @@ specs AS (
 ),
 created AS (
     INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at, key)
+                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at, key, gate)
     SELECT s.id, s.spec ->> 'queue', s.spec -> 'payload',
            COALESCE((s.spec ->> 'priority')::int2, 5),
            COALESCE((s.spec ->> 'max_attempts')::int4, 5),
@@ -32,7 +32,10 @@ created AS (
            s.spec -> 'then', s.pipeline,
            -- Checked specs hold expires_in as whole milliseconds ("3600000ms").
            now() + left(s.spec ->> 'expires_in', -2)::int8 * interval '1 millisecond',
-           s.spec ->> 'key'
+           s.spec ->> 'key',
+           -- Debounce, throttle, unique_for (version 23): the spec's, else its queue's.
+           job_gate(s.spec ->> 'queue', job_gate_own(s.spec), s.spec ->> 'key',
+                    s.spec ->> 'idempotency_key')
     FROM specs s
     ON CONFLICT DO NOTHING
     RETURNING id

@@ -1,7 +1,7 @@
 -- A keyed queue's intake, its common case (schema version 24): the messages are new jobs,
 -- and those whose key has room start at once, as a plain claim's do (`job_claim_new.sql`):
--- their rows are inserted already claimed, up to $17 of them (the caller's free slots). A
--- job's key has room when it has nothing parked (with fair turns, $19: when the queue has
+-- their rows are inserted already claimed, up to $18 of them (the caller's free slots). A
+-- job's key has room when it has nothing parked (with fair turns, $20: when the queue has
 -- nothing parked) and its running jobs, and with a key_rate_limit its counted starts, are
 -- under its limit (`job_key_room()`, which locks the group's keys first and counts after).
 -- Within a key, jobs start in priority, then message order. Returns the rows it inserted
@@ -11,19 +11,22 @@
 -- in job_claim_new.sql), and nothing is inserted.
 -- Only jobs due now and not expired are started here; the full intake takes the others.
 -- Nothing is inserted unless the worker is registered and not stopped, nor for a paused queue.
+-- A gated job (version 23: debounce, throttle, unique_for; `jobs.gate`) goes through the
+-- insert's trigger as at every door: it may come back `scheduled` (debounced) or `cancelled`
+-- (throttled) instead of running, as from job_claim_new.sql.
 -- $1 worker id; $2 the queue's stale_after (ms); $3..$13 one array per column of the batch,
--- as the claim's; $14 the expiries (Unix ms, NULL for none); $15 the keys; $16 the messages'
--- stream sequences; $17 how many may start; $18 each key's limit (NULL: none); $19 fair
--- turns; $20 starts per $21 ms per key (key_rate_limit; NULL: none; a key's own rate in
--- key_limits replaces it).
+-- as the claim's; $14 the expiries (Unix ms, NULL for none); $15 the keys; $16 what gates
+-- each job (NULL for none); $17 the messages' stream sequences; $18 how many may start; $19
+-- each key's limit (NULL: none); $20 fair turns; $21 starts per $22 ms per key
+-- (key_rate_limit; NULL: none; a key's own rate in key_limits replaces it).
 WITH input AS (
     SELECT t.*, COALESCE(t.key, '') AS k
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
                 $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[],
-                $15::text[], $16::int8[])
+                $15::text[], $16::jsonb[], $17::int8[])
          WITH ORDINALITY
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
-              backoff, traceparent, then_jobs, expires_at_ms, key, seq, idx)
+              backoff, traceparent, then_jobs, expires_at_ms, key, gate, seq, idx)
     WHERE (t.run_at_ms IS NULL OR to_timestamp(t.run_at_ms / 1000.0) <= now())
       AND (t.expires_at_ms IS NULL OR to_timestamp(t.expires_at_ms / 1000.0) > now())
 ),
@@ -35,7 +38,7 @@ room AS (
     SELECT r.key, r.room
     FROM job_key_room(($4::text[])[1],
                       ARRAY(SELECT DISTINCT i.k FROM input i WHERE (SELECT may FROM me)),
-                      $18::int4, $19::bool, $20::int4, $21::int8) r
+                      $19::int4, $20::bool, $21::int4, $22::int8) r
 ),
 startable AS (
     SELECT i.*
@@ -44,28 +47,29 @@ startable AS (
          JOIN room r ON r.key = i.k
     WHERE i.rank <= r.room
     ORDER BY i.priority, i.idx
-    LIMIT $17::int4
+    LIMIT $18::int4
 ),
 inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms,
                            idempotency_key, backoff, traceparent, then_jobs, key, status,
                            attempts, worker_id, lease, started_at, last_activity_at, stale_at,
-                           scheduled_at, expires_at, seq)
+                           scheduled_at, expires_at, seq, gate)
     SELECT s.id, s.queue, s.payload, s.priority, s.max_attempts, s.timeout_ms,
            s.idempotency_key, s.backoff, s.traceparent, s.then_jobs, s.key, 'processing',
            1, $1, 1, now(), now(), now() + $2::int8 * interval '1 millisecond',
-           now(), to_timestamp(s.expires_at_ms / 1000.0), s.seq
+           now(), to_timestamp(s.expires_at_ms / 1000.0), s.seq, s.gate
     FROM startable s
     ORDER BY s.idx
-    RETURNING j.id, j.lease, j.attempts, j.key
+    RETURNING j.id, j.lease, j.attempts, j.key, j.status
 ),
 started AS (
     INSERT INTO key_starts (queue, key, job_id, lease)
     SELECT ($4::text[])[1], i.key, i.id, i.lease
     FROM inserted i
-    WHERE i.key IS NOT NULL
-      AND ($20::int4 IS NOT NULL
+    WHERE i.key IS NOT NULL AND i.status = 'processing'
+      AND ($21::int4 IS NOT NULL
            OR EXISTS (SELECT 1 FROM key_limits o
                       WHERE o.queue = ($4::text[])[1] AND o.key = i.key AND o.rate_n IS NOT NULL))
 )
-SELECT i.id, i.lease, i.attempts, true, false FROM inserted i
+SELECT i.id, i.lease, i.attempts, i.status = 'processing', i.status = 'cancelled'
+FROM inserted i

@@ -65,7 +65,11 @@ impl Producer {
                     let again = msg_id.as_deref().is_some_and(|m| republished(m, &job.id));
                     // The queue's key_from, for a message whose envelope names no key: a value
                     // the contract refuses there makes the message invalid, as any field.
-                    if let Err(e) = self.policy.take_key(&mut job, again, |h| d.header(h)) {
+                    let taken = self
+                        .policy
+                        .take_key(&mut job, again, |h| d.header(h))
+                        .and_then(|()| self.policy.gate_job(&mut job, again));
+                    if let Err(e) = taken {
                         rejected.push(Rejected {
                             id: d.own_id(&queue, &stream),
                             reason: e.to_string(),
