@@ -458,6 +458,18 @@ async fn every_message_is_refused_by_name_or_ends_once_and_delays_no_other_job()
                         "{id}: dead without a reason"
                     ),
                     "scheduled" => assert!(later, "{id}: scheduled and due, yet not published"),
+                    // Ended before it ran, with the reason: its expiry had passed (or a
+                    // throttle or debounce of its key took it, schema version 23).
+                    "cancelled" => assert!(
+                        error
+                            .as_deref()
+                            .is_some_and(|e| ["expired:", "throttled:", "debounced:"]
+                                .iter()
+                                .any(|p| e.starts_with(p)))
+                            && runs.get(&id).copied().unwrap_or(0) == 0,
+                        "batch {batch}: {id} cancelled ({error:?}), ran {:?}",
+                        runs.get(&id)
+                    ),
                     other => panic!("batch {batch}: {id} is {other} (message {seq}: {m:?})"),
                 }
                 assert!(
