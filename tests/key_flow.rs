@@ -4,73 +4,16 @@
 
 mod common;
 
+use common::keyed::*;
 use common::TestEnv;
 use jobwarden::config::KeyRules;
-use jobwarden::job::NewJob;
 use jobwarden::store::{ClaimInput, Store};
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::Duration;
 
-const STALE: Duration = Duration::from_secs(60);
-
-fn keyed_input(id: &str, key: Option<&str>) -> ClaimInput {
-    let mut job = NewJob::plain(id.into(), "work".into(), json!({ "k": key }));
-    job.key = key.map(str::to_string);
-    ClaimInput {
-        job,
-        max_attempts: 3,
-        traceparent: None,
-    }
-}
-
 async fn register(env: &TestEnv, worker: &str) {
     env.register_other(worker).await;
-}
-
-/// Parks `inputs` (stream sequences from `seq0` on) as `worker`.
-async fn park(store: &Store, worker: &str, rules: KeyRules, seq0: i64, inputs: &[ClaimInput]) {
-    let seqs: Vec<i64> = (0..inputs.len() as i64).map(|i| seq0 + i).collect();
-    let answer = store
-        .job_intake(worker, None, rules, &seqs, inputs)
-        .await
-        .unwrap();
-    assert!(answer.alive && !answer.paused);
-}
-
-async fn take(store: &Store, worker: &str, want: usize, rules: KeyRules) -> Vec<String> {
-    store
-        .job_take("work", worker, want, (STALE, None), rules, None)
-        .await
-        .unwrap()
-        .jobs
-        .into_iter()
-        .map(|t| t.id)
-        .collect()
-}
-
-async fn complete(env: &TestEnv, ids: &[String]) {
-    let c = env.store.raw().await.unwrap();
-    c.execute(
-        "UPDATE jobs SET status = 'completed', completed_at = now() WHERE id = ANY($1)",
-        &[&ids],
-    )
-    .await
-    .unwrap();
-}
-
-/// Running jobs per key, as the database has them.
-async fn running_per_key(env: &TestEnv) -> HashMap<String, i64> {
-    let c = env.store.raw().await.unwrap();
-    c.query(
-        "SELECT key, count(*) FROM jobs WHERE status = 'processing' GROUP BY key",
-        &[],
-    )
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|r| (r.get::<_, Option<String>>(0).unwrap_or_default(), r.get(1)))
-    .collect()
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@ use jobwarden::store::Store;
 pub mod completions;
 pub mod evidence;
 pub mod generators;
+pub mod keyed;
 #[path = "../../src/bin/jobwarden/testkit.rs"]
 pub mod testkit;
 pub mod tools;
