@@ -273,9 +273,19 @@ async fn unique_for_dedups_within_the_window_and_accepts_a_new_job_after_it() {
         )
         .await;
     }
-    assert!(env.wait_status("m-1", "completed", 20).await);
+    // Either message may make the job: two deliveries can be claimed in concurrent batches,
+    // and which commits first is not promised. The other has no row of its own.
+    let one_done = || async {
+        let (m1, m2) = (env.status_of("m-1").await, env.status_of("m-2").await);
+        match (m1.as_deref(), m2.as_deref()) {
+            (Some("completed"), None) | (None, Some("completed")) => true,
+            (Some(_), Some(_)) => panic!("two jobs for one idempotency key: {m1:?} {m2:?}"),
+            _ => false,
+        }
+    };
+    assert!(wait_for(Duration::from_secs(20), one_done).await);
     env.wait_consumer_drained("hooks").await;
-    assert_eq!(env.status_of("m-2").await, None);
+    assert!(one_done().await, "still one job after the stream drained");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     env.publish_raw(
         "hooks",
