@@ -6,6 +6,7 @@ mod common;
 use common::{wait_for, TestEnv};
 use jobwarden::client::{Client, EnqueueOptions};
 use jobwarden::handler::from_fn;
+use jobwarden::store::GrantCounts;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -705,6 +706,82 @@ async fn a_rate_limit_holds_across_3_worker_processes_in_every_window() {
         Duration::from_secs(110),
     )
     .await;
+}
+
+/// The grants' bookkeeping at the store (schema version 25): one row per acquire, counting
+/// what its worker reports (held, running, started); a row the worker no longer reports (an
+/// answer it never got, an earlier process under its id) stops counting; and a worker of the
+/// previous version, one row per grant through flow_acquire(), shares the cap with workers of
+/// this one while pods roll, both ways.
+#[tokio::test]
+async fn grants_count_per_acquire_and_are_shared_with_workers_of_the_previous_version() {
+    let env = TestEnv::new(&rust_queue("work", "")).await;
+    env.register_other("new").await;
+    env.register_other("old").await;
+    let take = |w: &'static str, want: usize, rows: Vec<GrantCounts>| {
+        let s = env.store.clone();
+        async move {
+            s.flow_take("capped", w, want, Some(15), None, &rows)
+                .await
+                .unwrap()
+        }
+    };
+    let row = |id: Option<i64>, held: usize, running: usize, started: usize| GrantCounts {
+        id: id.expect("a row for the grants"),
+        held,
+        running,
+        started,
+    };
+    let old_acquire = |want: i32| {
+        let env = &env;
+        async move {
+            env.scalar(&format!(
+                "SELECT granted::int8 FROM flow_acquire('capped', 'old', {want}, 15, NULL, NULL)"
+            ))
+            .await
+        }
+    };
+    let a = take("new", 10, vec![]).await;
+    assert_eq!(a.granted, 10);
+    assert_eq!(
+        old_acquire(10).await,
+        5,
+        "the new worker's row counts for the old one"
+    );
+    assert_eq!(take("new", 10, vec![row(a.row, 10, 0, 0)]).await.granted, 0);
+    // The new worker's claim used its 10: 8 started, 4 of them ended since. The old worker's
+    // 5 rows end (its own statements: started, then done).
+    env.scalar(
+        "WITH d AS (UPDATE flow_grants SET started_at = now(), done = true, done_at = now()          WHERE worker_id = 'old' RETURNING 1) SELECT count(*) FROM d",
+    )
+    .await;
+    let b = take("new", 20, vec![row(a.row, 0, 4, 8)]).await;
+    assert_eq!(b.granted, 11, "4 running of 15");
+    assert_eq!(
+        old_acquire(3).await,
+        0,
+        "the new worker's rows, as reported, fill the cap"
+    );
+    // The answer that granted b never reached the worker: its next report, without b's row,
+    // frees b's grants.
+    take("new", 0, vec![row(a.row, 0, 4, 8)]).await;
+    assert_eq!(old_acquire(20).await, 11);
+    // The old worker's 11 rows (one per grant) count for the new one.
+    let c = take("new", 5, vec![row(a.row, 0, 4, 8)]).await;
+    assert_eq!((c.granted, c.row), (0, None));
+    assert!(c.retry_in > Duration::ZERO, "{c:?}");
+    // All of the new worker's jobs ended: its row is gone (a cap only: it counts for nothing).
+    take("new", 0, vec![row(a.row, 0, 0, 8)]).await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM flow_grants WHERE worker_id = 'new'")
+            .await,
+        0
+    );
+    assert_eq!(
+        take("new", 10, vec![]).await.granted,
+        4,
+        "15 less the old worker's 11"
+    );
 }
 
 #[tokio::test]

@@ -32,7 +32,7 @@ pub use chain::{ChainRound, PipelineJob};
 pub use dashboard::{
     Bounded, JobFilter, JobSummary, QueueOverview, ScheduledJob, DASHBOARD_QUERY_LIMIT,
 };
-pub use flow::Grant;
+pub use flow::{Grant, GrantCounts};
 pub use inspect::{AttemptRow, JobRow, KeyWait};
 pub use keyflow::{Taken, Takes};
 pub use keyops::{BusyKey, KeyLimit, BUSIEST_KEYS};

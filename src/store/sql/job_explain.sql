@@ -23,11 +23,13 @@ SELECT j.status, j.attempts,
         WHERE o.queue = j.queue AND o.status = 'processing') AS running,
        (SELECT count(*) FROM workers w WHERE w.stopped_at IS NULL) AS workers_alive,
        f.cap, f.rate_n, f.window_ms,
-       (SELECT count(*) FROM flow_grants g JOIN workers w ON w.id = g.worker_id
-        WHERE g.queue = j.queue AND NOT g.done AND w.stopped_at IS NULL) AS cap_held,
-       (SELECT count(*) FROM flow_grants g
+       (SELECT COALESCE(sum(CASE WHEN g.per_batch THEN g.held + g.running ELSE 1 END), 0)
+        FROM flow_grants g JOIN workers w ON w.id = g.worker_id
+        WHERE g.queue = j.queue AND NOT g.done AND w.stopped_at IS NULL)::int8 AS cap_held,
+       (SELECT COALESCE(sum(CASE WHEN g.per_batch THEN g.started ELSE 1 END), 0)
+        FROM flow_grants g
         WHERE g.queue = j.queue
-          AND g.started_at > now() - f.window_ms * interval '1 millisecond') AS rate_used,
+          AND g.started_at > now() - f.window_ms * interval '1 millisecond')::int8 AS rate_used,
        extract(epoch FROM now() - p.paused_at)::float8 AS paused_for, p.paused_by,
        j.key, j.parked,
        CASE WHEN f.key_ordered THEN 1 ELSE COALESCE(o.concurrency, f.key_cap) END AS key_cap,

@@ -1,7 +1,7 @@
 -- Deletes up to $1 flow grants that can count for nothing any more: done (or of a worker
 -- that stopped or is gone), and started (or granted) longer ago than their queue's rate
--- window and at least an hour. flow_acquire deletes them only for rate-limited queues; a
--- queue with only a cap kept every grant before.
+-- window and at least an hour. flow_take() deletes its worker's rows once they count for
+-- nothing; these are what is left (a worker that stopped, rows of earlier versions).
 WITH v AS (
     SELECT g.id FROM flow_grants g
     LEFT JOIN flow_queues q ON q.queue = g.queue

@@ -31,6 +31,8 @@ pub(super) struct Claiming {
     /// A keyed queue's intake: how many of its jobs it may start at once (free slots
     /// promised to it until it answers).
     pub(super) starts: usize,
+    /// A capped or rate-limited queue's claim: the grants its messages use (see `Flow`).
+    pub(super) grants: usize,
 }
 
 /// A claim group and its statement's answer, back in the producer.
@@ -44,7 +46,7 @@ pub(super) type Pending = FuturesUnordered<futures::future::BoxFuture<'static, C
 impl Producer {
     /// Decodes a group of messages and starts its claim statement; returns without waiting
     /// for it unless `CLAIMS_IN_FLIGHT` are already out (then it finishes the first to answer).
-    pub(super) async fn start_claim(&mut self, arrived: Vec<Delivered>) {
+    pub(super) async fn start_claim(&mut self, arrived: Vec<Delivered>, grants: usize) {
         let shared = self.shared.clone();
         let queue = self.policy.name.clone();
         let Decoded {
@@ -59,12 +61,14 @@ impl Producer {
             keep_dead(&shared, mismatched, Kept::PriorityMismatch).await;
         }
         if inputs.is_empty() {
+            self.grants_used(grants, 0);
             record_invalid(&shared, &queue, rejected).await;
             self.drop_messages(dropped);
             return;
         }
         // A worker fenced off (or declared dead) claims nothing: hand the messages back.
         if shared.fenced.load(Ordering::SeqCst) {
+            self.grants_used(grants, 0);
             self.hand_back_group(messages, dropped, rejected).await;
             return;
         }
@@ -105,6 +109,7 @@ impl Producer {
             ticket: shared.ledger.claim_ticket(),
             sent: Instant::now(),
             starts,
+            grants,
         };
         let stale = self.policy.stale_after;
         let expire = self.policy.expire_after;
@@ -133,6 +138,21 @@ impl Producer {
     /// keeps conflicts and invalid messages, hands the rest back. Returns how many it ran.
     pub(super) async fn finish_claim(&mut self, done: ClaimDone) -> usize {
         let ClaimDone { group, answer } = done;
+        let grants = group.grants;
+        let ran = self.take_answer(group, answer).await;
+        self.grants_used(grants, ran);
+        ran
+    }
+
+    /// A claim's grants are spent: `ran` of them started jobs, the rest go back.
+    fn grants_used(&mut self, grants: usize, ran: usize) {
+        if let Some(f) = self.flow.as_mut() {
+            f.used(grants, ran);
+        }
+    }
+
+    /// [`Self::finish_claim`] but for the grants.
+    async fn take_answer(&mut self, group: Claiming, answer: ClaimAnswer) -> usize {
         let Claiming {
             inputs,
             known: _,
@@ -142,6 +162,7 @@ impl Producer {
             ticket,
             sent,
             starts,
+            grants: _,
         } = group;
         self.claiming -= messages.len();
         self.starting -= starts;

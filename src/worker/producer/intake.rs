@@ -96,9 +96,7 @@ impl Producer {
     /// arrival order within a lane); taking from the front keeps the rest sorted.
     pub(super) async fn claim_ready(&mut self) {
         self.ready.sort_by_key(|d| d.rank);
-        while !self.ready.is_empty()
-            && (self.flow.is_some() || self.pending.len() < CLAIMS_IN_FLIGHT)
-        {
+        while !self.ready.is_empty() && self.pending.len() < CLAIMS_IN_FLIGHT {
             let take = self.ready.len().min(self.batch_cap);
             let group: Vec<Delivered> = self.ready.drain(..take).collect();
             self.admit(group).await;
@@ -106,10 +104,11 @@ impl Producer {
     }
 
     /// Claims messages of a queue without limits at once; under a cap or rate limit only as
-    /// many as it holds grants for (the rest wait in `held`, highest priority first).
+    /// many as it holds grants for (the rest wait in `held`, highest priority first). The
+    /// grants go with the claim, which spends them when its answer is taken in.
     pub(super) async fn admit(&mut self, mut msgs: Vec<Delivered>) {
         let Some(flow) = self.flow.as_mut() else {
-            self.start_claim(msgs).await;
+            self.start_claim(msgs, 0).await;
             return;
         };
         let granted = flow.reserve(msgs.len()).await;
@@ -123,15 +122,8 @@ impl Producer {
         if msgs.is_empty() {
             return;
         }
+        flow.claiming(msgs.len());
         let n = msgs.len();
-        // Under a cap or rate limit, one claim at a time: the grants used are known at once.
-        self.start_claim(msgs).await;
-        let mut started = 0;
-        while let Some(done) = self.pending.next().await {
-            started += self.finish_claim(done).await;
-        }
-        if let Some(flow) = self.flow.as_mut() {
-            flow.used(n, started).await;
-        }
+        self.start_claim(msgs, n).await;
     }
 }

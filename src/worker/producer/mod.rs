@@ -279,16 +279,14 @@ impl Producer {
             .claim_batch
             .min(self.policy.concurrency);
         // A keyed queue's jobs start ahead too where they start at their intake (key limits
-        // only): one claimed ahead counts against its key's limit from its claim on.
+        // only): one claimed ahead counts against its key's limit from its claim on. So
+        // does one of a capped or rate-limited queue against the queue's limits: its grant
+        // runs from its claim on.
         let pulls_ahead = self
             .keyed
             .as_ref()
             .is_some_and(|k| k.rules.fair || k.rules.ordered);
-        if self.flow.is_none()
-            && !pulls_ahead
-            && !self.holding
-            && self.freed.short_run.load(Ordering::Relaxed) >= group
-        {
+        if !pulls_ahead && !self.holding && self.freed.short_run.load(Ordering::Relaxed) >= group {
             group * CLAIMS_IN_FLIGHT
         } else {
             0
@@ -354,6 +352,9 @@ impl Producer {
                 .as_ref()
                 .filter(|_| !fenced && self.slots.available_permits() > 0)
                 .map(Keyed::due_at);
+            // A flow's counts that changed and that no acquire carried, or its grants held
+            // while idle: due to the store.
+            let report_at = self.flow.as_ref().and_then(Flow::due);
             let mut got = Arrivals::default();
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -370,6 +371,7 @@ impl Producer {
                 _ = tokio::time::sleep(Duration::from_millis(200)), if fenced => {}
                 _ = tokio::time::sleep_until(hold_until.into()), if !self.held.is_empty() => {}
                 _ = tokio::time::sleep_until(flow_wait.unwrap_or_else(Instant::now).into()), if flow_wait.is_some() => {}
+                _ = tokio::time::sleep_until(report_at.unwrap_or_else(Instant::now).into()), if report_at.is_some() => {}
                 Some(done) = self.pending.next(), if !self.pending.is_empty() => {
                     self.finish_claim(done).await;
                 }
@@ -405,18 +407,18 @@ impl Producer {
         self.lanes.iter().position(|l| l.hot).unwrap_or(usize::MAX)
     }
 
-    /// Reports the jobs that ended to the queue's grants; with nothing to pull, the grants
-    /// held go back for other workers.
+    /// Counts the jobs that ended against the queue's grants (reported when due); with
+    /// nothing to pull for a while, the grants held go back for other workers.
     async fn settle_flow(&mut self) {
         let Some(f) = self.flow.as_mut() else {
             return;
         };
         f.jobs_ended(self.freed.take());
-        f.report_ended().await;
-        if self.book.work_pulls() == 0 && self.held.is_empty() && self.lanes.iter().all(|l| !l.hot)
-        {
-            f.give_back().await;
-        }
+        f.report(false).await;
+        let idle = self.book.work_pulls() == 0
+            && self.held.is_empty()
+            && self.lanes.iter().all(|l| !l.hot);
+        f.idle(idle).await;
     }
 
     /// Stops fetching. Claims still in flight: what they claimed goes back (released, the
@@ -450,7 +452,7 @@ impl Producer {
         self.jobs.wait().await;
         if let Some(f) = self.flow.as_mut() {
             f.jobs_ended(self.freed.take());
-            f.report_ended().await;
+            f.report(true).await;
         }
     }
 
