@@ -938,3 +938,86 @@ async fn fair_turns_hold_when_a_keys_jobs_were_parked_out_of_publish_order() {
     sorted.sort();
     assert_eq!(a_order, sorted, "a's jobs out of publish order");
 }
+
+/// Invariant 11 in a keyed queue: messages of one ordered key that a worker fetched and was
+/// killed before claiming are adopted by another worker within seconds (not after
+/// `ack_wait`, 10 minutes here), and still run one at a time in publish order: adoption only
+/// makes rows (with each message's stream sequence), and the intake of their republished
+/// messages keeps the key's order and limit.
+#[tokio::test]
+async fn an_ordered_keys_messages_stranded_in_a_killed_worker_run_within_seconds_in_order() {
+    let app = common::RecordingApp::start().await;
+    let env = TestEnv::new(&format!(
+        "adopt_after = \"300ms\"\n[queues.work]\nordered_by_key = true\nconcurrency = 4\n\
+         handler = {{ kind = \"http\", url = \"{}\" }}\n",
+        app.url
+    ))
+    .await;
+    let ids: Vec<String> = (0..8).map(|i| format!("a-{i}")).collect();
+    let bodies: Vec<String> = ids
+        .iter()
+        .map(|id| json!({"id": id, "key": "a", "payload": {"ms": 30}}).to_string())
+        .collect();
+    common::strand_in_a_killed_worker(&env, &env.config, &bodies).await;
+    let t0 = std::time::Instant::now();
+    let b = env.worker_with(env.config.clone(), &[]).await;
+    let done = env.wait_count("completed", 8, 30).await;
+    let took = t0.elapsed();
+    let c = env.store.raw().await.unwrap();
+    let rows: Vec<String> = c
+        .query(
+            "SELECT format('%s %s parked=%s seq=%s attempts=%s', id, status, parked, seq, \
+             attempts) FROM jobs ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let keys: Vec<String> = c
+        .query(
+            "SELECT format('%s head=%s/%s last=%s', key, head_priority, head_turn, last_turn) \
+             FROM job_keys",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(done, "not all completed after {took:?}: {rows:#?} {keys:?}");
+    assert!(
+        took < 2 * env.config.worker.adopt_after + Duration::from_secs(5),
+        "adopted and run in {took:?}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(DISTINCT job_id) FROM job_attempts WHERE outcome = 'adopted'")
+            .await,
+        8,
+        "not adopted"
+    );
+    // Database times: each job started after the one before it had completed.
+    let runs: Vec<(String, bool)> = c
+        .query(
+            "SELECT id, started_at >= lag(completed_at) OVER (ORDER BY started_at) IS NOT FALSE \
+             FROM jobs WHERE status = 'completed' ORDER BY started_at",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let order: Vec<&String> = runs.iter().map(|(id, _)| id).collect();
+    assert_eq!(
+        order,
+        ids.iter().collect::<Vec<_>>(),
+        "not in publish order"
+    );
+    assert!(
+        runs.iter().all(|(_, after)| *after),
+        "two ran at once: {runs:?}"
+    );
+    b.shutdown().await;
+}

@@ -160,8 +160,46 @@ impl Reconciler {
             Stats::add(&shared.stats.adopted, adopted.len() as u64);
             warn!(%queue, jobs = adopted.len(), first = %adopted[0],
                   "adopted messages a worker fetched but never claimed (it stopped); they run again now");
+            self.delete_adopted(lane, &adopt, &adopt_seqs, &adopted)
+                .await;
         }
         Ok(adopted.len())
+    }
+
+    /// An ordered queue's adopted messages go from the stream once their rows committed: a
+    /// key's later jobs wait for every message before them to be done with (the queue's
+    /// horizon, its consumers' ack floor), and an adopted message would otherwise hold that
+    /// floor until JetStream redelivers it after `ack_wait` (invariant 11). Its job lives in
+    /// its row (Postgres is the truth): deleting the message, as an ack would, loses nothing,
+    /// and a worker that still acks it later acks nothing. A failed delete only leaves the
+    /// wait as it was (logged).
+    async fn delete_adopted(
+        &self,
+        lane: &Lane,
+        adopt: &[ClaimInput],
+        seqs: &[Option<i64>],
+        adopted: &[String],
+    ) {
+        let shared = &self.shared;
+        let ordered = shared.queues[lane.queue.as_str()]
+            .keys
+            .is_some_and(|k| k.ordered);
+        if !ordered {
+            return;
+        }
+        let adopted: HashSet<&str> = adopted.iter().map(String::as_str).collect();
+        let gone = async {
+            let stream = shared.broker.stream().await?;
+            for (c, seq) in adopt.iter().zip(seqs) {
+                if let (true, Some(seq)) = (adopted.contains(c.job.id.as_str()), seq) {
+                    shared.broker.delete_message(&stream, *seq as u64).await?;
+                }
+            }
+            Ok::<(), crate::broker::BrokerError>(())
+        };
+        if let Err(e) = gone.await {
+            warn!(queue = %lane.queue, cause = %e, "could not delete adopted messages from the stream: the ordered queue's later jobs wait for their redelivery (ack_wait)");
+        }
     }
 
     /// The queue's delivered, unacked messages that decode to jobs, with their sequences,
