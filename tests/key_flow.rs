@@ -1021,3 +1021,64 @@ async fn an_ordered_keys_messages_stranded_in_a_killed_worker_run_within_seconds
     );
     b.shutdown().await;
 }
+
+/// Invariant 2 in a keyed queue: a keyed job whose message is gone (the stream purged after
+/// its commit) is published again by the broker-loss repair and runs once; a parked job,
+/// which has no message by design, is never republished however long it waits for its key.
+#[tokio::test]
+async fn lost_keyed_messages_are_republished_and_parked_jobs_are_not() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let env = TestEnv::new(
+        "sweep_every = \"300ms\"\nbroker_lost_after = \"1s\"\n\
+         [queues.work]\nconcurrency = 8\nkey_concurrency = 1\n\
+         handler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    let client = jobwarden::client::Client::new(env.store.clone(), env.broker.clone());
+    let mut ids = Vec::new();
+    // Five jobs of one key (they wait for each other, parked, about 2 s in all) and five of
+    // keys of their own; each row committed, then its message published.
+    for (i, key) in ["a", "a", "a", "a", "a", "b", "c", "d", "e", "f"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("lost-{key}-{i}");
+        let options = jobwarden::client::EnqueueOptions {
+            id: Some(id.clone()),
+            key: Some(key.to_string()),
+            ..Default::default()
+        };
+        client.enqueue("work", json!({}), options).await.unwrap();
+        ids.push(id);
+    }
+    assert_eq!(env.consumer_backlog("work").await.0, 10, "published");
+    env.broker.stream().await.unwrap().purge().await.unwrap();
+    assert_eq!(env.consumer_backlog("work").await.0, 0, "stream purged");
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let h = jobwarden::handler::from_fn(move |_job| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            Ok(None)
+        }
+    });
+    let w = env.worker(&[("h", h)]).await;
+    assert!(env.wait_count("completed", 10, 40).await);
+    assert_eq!(runs.load(Ordering::SeqCst), 10, "each job ran once");
+    let mut all = Vec::new();
+    for id in &ids {
+        all.push((id.clone(), common::outcomes(&env.store, id).await));
+    }
+    for (id, o) in &all {
+        assert_eq!(
+            o,
+            &["broker_lost", "completed"],
+            "{id}: published again once, then completed: {all:?}"
+        );
+    }
+    assert_eq!(common::stat(&w.stats.republished_broker_lost), 10);
+    w.shutdown().await;
+}
