@@ -222,6 +222,16 @@ async fn throttle_runs_one_job_per_key_per_window_and_keeps_the_rest_visible() {
         9
     );
     env.wait_consumer_drained("hooks").await;
+    // Counted as throttled, not as expired.
+    let m = common::metrics(&w).await;
+    assert!(
+        m.contains("jobwarden_jobs_throttled_total{queue=\"hooks\"} 9"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("jobwarden_jobs_expired_total{queue=\"hooks\"} 9"),
+        "{m}"
+    );
     tokio::time::sleep(Duration::from_millis(2100)).await;
     env.publish_raw(
         "hooks",

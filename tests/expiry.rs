@@ -42,15 +42,6 @@ async fn assert_expired(env: &TestEnv, id: &str) {
     );
 }
 
-async fn metrics(w: &jobwarden::worker::RunningWorker) -> String {
-    reqwest::get(format!("http://{}/metrics", w.ops_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Messages that expire while their queue is paused (they wait in the stream, no row yet):
 /// at the resume the claim ends them instead of starting them — the handler never sees them,
 /// their messages are acked (not redelivered), and the other jobs of the same batch run.
@@ -106,7 +97,7 @@ async fn a_message_that_expires_while_it_waits_never_starts_and_its_batch_runs()
         "the handler saw an expired job: {seen:?}"
     );
     assert_eq!(seen.len(), 6, "{seen:?}");
-    let m = metrics(&w).await;
+    let m = common::metrics(&w).await;
     assert!(
         m.contains("jobwarden_jobs_expired_total{queue=\"email\"} 2"),
         "{m}"
@@ -215,7 +206,7 @@ async fn the_schedulers_round_ends_expired_jobs_whose_message_is_not_on_its_way(
         assert_expired(&env, id).await;
     }
     assert!(seen.lock().unwrap().is_empty());
-    let m = metrics(&w).await;
+    let m = common::metrics(&w).await;
     assert!(
         m.contains("jobwarden_jobs_expired_total{queue=\"email\"} 4"),
         "{m}"

@@ -114,6 +114,8 @@ fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
     let conflict = !r.get::<_, Option<bool>>(13).unwrap_or(true);
     if row_queue != queue {
         Claim::WrongQueue(row_queue)
+    } else if r.get::<_, Option<bool>>(16) == Some(true) {
+        Claim::Throttled
     } else if r.get::<_, Option<bool>>(15) == Some(true) {
         Claim::Expired
     } else if status == JobStatus::Processing && (fresh || payload.is_some()) {
@@ -165,7 +167,9 @@ pub(super) fn fresh_claims(
     // A row inserted from a message holds the message's job: only its lease, attempt and
     // status come back.
     let fresh = |r: &tokio_postgres::Row, input: &ClaimInput| {
-        if r.get::<_, bool>(4) {
+        if r.get::<_, bool>(5) {
+            Claim::Throttled
+        } else if r.get::<_, bool>(4) {
             Claim::Expired
         } else if r.get::<_, bool>(3) {
             Claim::Claimed {

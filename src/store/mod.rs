@@ -285,6 +285,9 @@ pub enum Claim {
     /// The job was past its expiry: not claimed, ended `cancelled` by this statement (the
     /// message needs nothing more: it is acked).
     Expired,
+    /// The job's throttle ended it as it came (version 23: its key ran a job within the
+    /// window): `cancelled`, never run; the message is acked.
+    Throttled,
     /// No row came back: another transaction inserted this id or idempotency key concurrently.
     Duplicate,
     /// The id belongs to a job of another queue.

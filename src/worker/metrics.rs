@@ -75,6 +75,7 @@ pub(crate) struct Metrics {
     wait: Family<QueueLabel, Histogram, fn() -> Histogram>,
     flow_waits: Family<QueueLabel, Counter>,
     expired: Family<QueueLabel, Counter>,
+    throttled: Family<QueueLabel, Counter>,
     /// Finished jobs the pruner deleted on this worker, by queue and status.
     pruned: Family<QueueStatus, Counter>,
     /// How long this worker's last retention round took.
@@ -97,6 +98,8 @@ pub(crate) struct QueueMetrics {
     pub flow_waits: Counter,
     /// Jobs this worker ended as expired (at the claim or in the scheduler's round).
     pub expired: Counter,
+    /// Jobs whose throttle ended them as this worker's claim brought them in.
+    pub throttled: Counter,
 }
 
 impl Metrics {
@@ -108,6 +111,7 @@ impl Metrics {
             wait: Family::new_with_constructor(seconds_histogram),
             flow_waits: Family::default(),
             expired: Family::default(),
+            throttled: Family::default(),
             pruned: Family::default(),
             prune_round: Gauge::default(),
         }
@@ -155,6 +159,7 @@ impl Metrics {
             wait: self.wait.get_or_create_owned(&q),
             flow_waits: self.flow_waits.get_or_create_owned(&q),
             expired: self.expired.get_or_create_owned(&q),
+            throttled: self.throttled.get_or_create_owned(&q),
         }
     }
 }
@@ -193,6 +198,11 @@ pub(crate) async fn render(shared: &Shared) -> String {
         "jobs_expired",
         "Jobs this worker ended as expired (not started by their expiry), by queue",
         m.expired.clone(),
+    );
+    r.register(
+        "jobs_throttled",
+        "Jobs whose throttle ended them as this worker brought them in (their key ran a job within the window), by queue",
+        m.throttled.clone(),
     );
     r.register(
         "jobs_started",

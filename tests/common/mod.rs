@@ -820,3 +820,13 @@ pub fn by_kind() -> Arc<dyn Handler> {
         }
     })
 }
+
+/// A worker's `/metrics` text (its ops port).
+pub async fn metrics(w: &jobwarden::worker::RunningWorker) -> String {
+    reqwest::get(format!("http://{}/metrics", w.ops_addr.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}

@@ -13,7 +13,9 @@
 -- Expiry (version 18): a job past its expiry is never claimed. A message's new row is inserted
 -- ended (`cancelled`, last_error `expired: not started by <instant>`); an existing queued or
 -- due row is ended so in the same statement (`expired`); the last column, `expired`, tells
--- the caller, which acks the message. A row without an expiry of its own takes the queue's
+-- the caller, which acks the message. A message's new row that its throttle ended at once
+-- (version 23: `cancelled`, gated_by the job holding the window) says so in the last
+-- column, `throttled`, and is not `expired`. A row without an expiry of its own takes the queue's
 -- default as this worker declares it ($15), counted from its created_at, at its first claim.
 -- $1 worker id; $2 the queue's stale_after (ms) as this worker declares it; $3.. one array
 -- per column of the batch; $14 the expiries (Unix ms, NULL for none); $15 the queue's
@@ -60,7 +62,7 @@ inserted AS (
     WHERE (SELECT alive AND NOT paused FROM me)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue, j.backoff,
-              j.traceparent
+              j.traceparent, j.status = 'cancelled' AND j.gated_by IS NOT NULL AS throttled
 ),
 others AS (
     SELECT ARRAY(SELECT id FROM input WHERE id NOT IN (SELECT id FROM inserted)) AS ids
@@ -99,24 +101,24 @@ claimed AS (
 answer AS (
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb AS payload,
            true AS fresh, queue, backoff, traceparent, true AS same_payload,
-           status = 'cancelled' AS expired
+           status = 'cancelled' AND NOT throttled AS expired, throttled
     FROM inserted
     UNION ALL
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, payload, false, queue, backoff,
-           traceparent, same_payload, false
+           traceparent, same_payload, false, false
     FROM claimed
     UNION ALL
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb, false, queue,
-           NULL::jsonb, NULL::text, same_payload, true
+           NULL::jsonb, NULL::text, same_payload, true, false
     FROM expired
     UNION ALL
     SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false,
-           j.queue, NULL::jsonb, NULL::text, j.payload = i.payload, false
+           j.queue, NULL::jsonb, NULL::text, j.payload = i.payload, false, false
     FROM jobs j JOIN input i ON i.id = j.id
     WHERE j.id = ANY((SELECT ids FROM others)::text[]) AND j.id NOT IN (SELECT id FROM claimed)
       AND j.id NOT IN (SELECT id FROM expired)
 )
 SELECT i.idx, (SELECT alive FROM me), a.id IS NOT NULL AS found, a.status, a.attempts, a.max_attempts, a.lease,
        a.timeout_ms, a.payload, a.fresh, a.queue, a.backoff, a.traceparent, a.same_payload,
-       (SELECT paused FROM me), a.expired
+       (SELECT paused FROM me), a.expired, a.throttled
 FROM input i LEFT JOIN answer a ON a.id = i.id

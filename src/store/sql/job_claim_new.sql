@@ -10,7 +10,8 @@
 -- A message whose expiry (expires_at_ms) has passed is inserted ended: `cancelled`, with
 -- last_error `expired: not started by <instant>`, never started (the caller acks it).
 -- It returns, per row inserted, only what the caller does not know already: the lease and
--- attempt it was given, whether it runs now, and whether it expired.
+-- attempt it was given, whether it runs now, whether it expired, and whether its throttle
+-- ended it (`cancelled`, gated_by the job that holds its key's window).
 -- $1 worker id; $2 the queue's stale_after (ms); $3.. one array per column of the batch;
 -- $14 the expiries (Unix ms, NULL for none); $15 the keys (version 20, NULL for none); $16 what
 -- gates each job (`jobs.gate`, version 23, NULL for none: see job_claim.sql). (No
@@ -41,4 +42,6 @@ FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int
                                 to_timestamp(i.expires_at_ms / 1000.0) <= now() IS TRUE AS expired) x
 WHERE EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL)
   AND NOT EXISTS (SELECT 1 FROM queue_pauses WHERE queue = ($4::text[])[1])
-RETURNING j.id, j.lease, j.attempts, j.status = 'processing', j.status = 'cancelled'
+RETURNING j.id, j.lease, j.attempts, j.status = 'processing',
+          j.status = 'cancelled' AND j.gated_by IS NULL,
+          j.status = 'cancelled' AND j.gated_by IS NOT NULL

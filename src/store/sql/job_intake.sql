@@ -102,7 +102,8 @@ inserted AS (
     WHERE (SELECT alive AND NOT paused FROM me)
     ORDER BY i.idx
     ON CONFLICT DO NOTHING
-    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue
+    RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue,
+              j.status = 'cancelled' AND j.gated_by IS NOT NULL AS throttled
 ),
 others AS (
     SELECT ARRAY(SELECT id FROM input WHERE id NOT IN (SELECT id FROM inserted)) AS ids
@@ -139,22 +140,24 @@ parked AS (
 ),
 answer AS (
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, queue, true AS same_payload,
-           status = 'cancelled' AS expired
+           status = 'cancelled' AND NOT throttled AS expired, throttled
     FROM inserted
     UNION ALL
-    SELECT id, status, attempts, max_attempts, lease, timeout_ms, queue, same_payload, false
+    SELECT id, status, attempts, max_attempts, lease, timeout_ms, queue, same_payload, false,
+           false
     FROM parked
     UNION ALL
-    SELECT id, status, attempts, max_attempts, lease, timeout_ms, queue, same_payload, true
+    SELECT id, status, attempts, max_attempts, lease, timeout_ms, queue, same_payload, true, false
     FROM expired
     UNION ALL
     SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.queue,
-           j.payload = i.payload, false
+           j.payload = i.payload, false, false
     FROM jobs j JOIN input i ON i.id = j.id
     WHERE j.id = ANY((SELECT ids FROM others)::text[]) AND j.id NOT IN (SELECT id FROM parked)
       AND j.id NOT IN (SELECT id FROM expired)
 )
 SELECT i.idx, (SELECT alive FROM me), a.id IS NOT NULL AS found, a.status, a.attempts,
        a.max_attempts, a.lease, a.timeout_ms, NULL::jsonb, false,
-       a.queue, NULL::jsonb, NULL::text, a.same_payload, (SELECT paused FROM me), a.expired
+       a.queue, NULL::jsonb, NULL::text, a.same_payload, (SELECT paused FROM me), a.expired,
+       a.throttled
 FROM input i LEFT JOIN answer a ON a.id = i.id

@@ -57,7 +57,7 @@ inserted AS (
     WHERE s.rank <= r.room
     ORDER BY s.priority, s.idx
     LIMIT $18::int4
-    RETURNING j.id, j.lease, j.attempts, j.key, j.status
+    RETURNING j.id, j.lease, j.attempts, j.key, j.status, j.gated_by
 ),
 started AS (
     INSERT INTO key_starts (queue, key, job_id, lease)
@@ -68,5 +68,7 @@ started AS (
            OR EXISTS (SELECT 1 FROM key_limits o
                       WHERE o.queue = ($4::text[])[1] AND o.key = i.key AND o.rate_n IS NOT NULL))
 )
-SELECT i.id, i.lease, i.attempts, i.status = 'processing', i.status = 'cancelled'
+SELECT i.id, i.lease, i.attempts, i.status = 'processing',
+       i.status = 'cancelled' AND i.gated_by IS NULL,
+       i.status = 'cancelled' AND i.gated_by IS NOT NULL
 FROM inserted i

@@ -2,7 +2,7 @@
 //! its answer taken in here: jobs dispatched, the rest acked, kept, recorded or handed back.
 
 use super::*;
-use tracing::info;
+use tracing::{debug, info};
 
 /// What became of one message of a claim group.
 pub(super) enum Answer {
@@ -262,6 +262,13 @@ impl Producer {
         d
     }
 
+    /// A message whose job its throttle ended as it came: acked, counted.
+    fn throttled(&self, id: &str, d: Delivered) -> Delivered {
+        debug!(job.id = %id, queue = %self.policy.name, "job throttled (its key ran a job within the window): ended cancelled, message acked");
+        self.policy.metrics.throttled.inc();
+        d
+    }
+
     /// What one message's claim says: run its job (or give it back when this worker stops
     /// or fenced itself off), keep a message that reused a taken id, drop the rest.
     async fn take_claim(
@@ -363,6 +370,7 @@ impl Producer {
                 fates.dropped.push(d);
             }
             Claim::Expired => fates.dropped.push(self.expired(&id, d)),
+            Claim::Throttled => fates.dropped.push(self.throttled(&id, d)),
             Claim::Duplicate => fates.dropped.push(d),
             Claim::WrongQueue(other) => fates.rejected.push(Rejected {
                 id: self.own_id(&d),
