@@ -36,16 +36,6 @@ fn queue(extra: &str) -> String {
     format!("[queues.hooks]\nconcurrency = 4\nhandler = {{ kind = \"rust\", name = \"work\" }}\n{extra}\n")
 }
 
-async fn strings(env: &TestEnv, sql: &str) -> Vec<String> {
-    let c = env.store.raw().await.unwrap();
-    c.query(sql, &[])
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 /// Waits until the handler has seen `n` jobs, then a little more (for any that should not
 /// come), and returns what it saw.
 async fn seen_after(seen: &Seen, n: usize, secs: u64) -> Vec<(String, Value)> {
@@ -268,10 +258,9 @@ async fn unique_for_dedups_within_the_window_and_accepts_a_new_job_after_it() {
     let b = enqueue().await;
     assert_ne!(b, a, "after the window: a new job");
     assert_eq!(
-        strings(
-            &env,
-            &format!("SELECT idempotency_key_released FROM jobs WHERE id = '{a}'")
-        )
+        env.strings(&format!(
+            "SELECT idempotency_key_released FROM jobs WHERE id = '{a}'"
+        ))
         .await,
         ["nightly"]
     );
@@ -508,9 +497,7 @@ async fn bad_windows_are_refused_naming_the_field_at_every_door() {
         })
         .await;
         assert!(dead, "{body}");
-        let reason = strings(
-            &env,
-            "SELECT last_error FROM jobs WHERE status = 'dead' ORDER BY created_at DESC, id LIMIT 1",
+        let reason = env.strings("SELECT last_error FROM jobs WHERE status = 'dead' ORDER BY created_at DESC, id LIMIT 1",
         )
         .await;
         assert!(reason[0].contains(words), "{body}: {reason:?}");
@@ -539,11 +526,9 @@ async fn bad_windows_are_refused_naming_the_field_at_every_door() {
         })
         .await
     );
-    let reason = strings(
-        &env,
-        "SELECT last_error FROM jobs WHERE last_error LIKE '%needs a key%'",
-    )
-    .await;
+    let reason = env
+        .strings("SELECT last_error FROM jobs WHERE last_error LIKE '%needs a key%'")
+        .await;
     assert!(
         reason[0].contains("field `debounce` is invalid: needs a key"),
         "{reason:?}"

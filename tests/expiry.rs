@@ -402,16 +402,9 @@ async fn bad_expiry_values_are_refused_at_every_door_naming_the_field() {
         })
         .await
     );
-    let errors: Vec<String> = c
-        .query(
-            "SELECT last_error FROM jobs WHERE status = 'dead' ORDER BY last_error",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let errors = env
+        .strings("SELECT last_error FROM jobs WHERE status = 'dead' ORDER BY last_error")
+        .await;
     assert!(
         errors.iter().all(|e| e.contains("`expires_in`")),
         "{errors:?}"

@@ -12,6 +12,10 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// Each key's row in job_keys, as text (for failure messages).
+const JOB_KEYS: &str =
+    "SELECT format('%s head=%s/%s last=%s', key, head_priority, head_turn, last_turn) FROM job_keys";
+
 async fn register(env: &TestEnv, worker: &str) {
     env.register_other(worker).await;
 }
@@ -527,29 +531,13 @@ async fn ordered_keys_complete_in_publish_order_across_three_pods_with_one_kille
     );
     pods[0].kill9();
     if !env.wait_count("completed", 1000, 120).await {
-        let c = env.store.raw().await.unwrap();
-        let left: Vec<String> = c
-            .query(
+        let left = env
+            .strings(
                 "SELECT format('%s %s key=%s parked=%s seq=%s attempts=%s err=%s', id, status, key, \
                  parked, seq, attempts, last_error) FROM jobs WHERE status <> 'completed'",
-                &[],
             )
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|r| r.get(0))
-            .collect();
-        let keys: Vec<String> = c
-            .query(
-                "SELECT format('%s head=%s/%s last=%s', key, head_priority, head_turn, last_turn) \
-                 FROM job_keys",
-                &[],
-            )
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|r| r.get(0))
-            .collect();
+            .await;
+        let keys = env.strings(JOB_KEYS).await;
         println!("job_keys: {keys:#?}");
         let lanes: Vec<String> = {
             let mut out = Vec::new();
@@ -963,30 +951,15 @@ async fn an_ordered_keys_messages_stranded_in_a_killed_worker_run_within_seconds
     let b = env.worker_with(env.config.clone(), &[]).await;
     let done = env.wait_count("completed", 8, 30).await;
     let took = t0.elapsed();
-    let c = env.store.raw().await.unwrap();
-    let rows: Vec<String> = c
-        .query(
+    let rows = env
+        .strings(
             "SELECT format('%s %s parked=%s seq=%s attempts=%s', id, status, parked, seq, \
              attempts) FROM jobs ORDER BY id",
-            &[],
         )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let keys: Vec<String> = c
-        .query(
-            "SELECT format('%s head=%s/%s last=%s', key, head_priority, head_turn, last_turn) \
-             FROM job_keys",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await;
+    let keys = env.strings(JOB_KEYS).await;
     assert!(done, "not all completed after {took:?}: {rows:#?} {keys:?}");
+    let c = env.store.raw().await.unwrap();
     assert!(
         took < 2 * env.config.worker.adopt_after + Duration::from_secs(5),
         "adopted and run in {took:?}"

@@ -205,6 +205,17 @@ impl TestEnv {
         self.store.job_get(id).await.unwrap().map(|j| j.status)
     }
 
+    /// The first column of `sql`'s rows, as text (for answers and failure messages).
+    pub async fn strings(&self, sql: &str) -> Vec<String> {
+        let c = self.store.raw().await.unwrap();
+        c.query(sql, &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// Waits up to `secs` for `n` jobs with `status`.
     pub async fn wait_count(&self, status: &str, n: i64, secs: u64) -> bool {
         wait_for(Duration::from_secs(secs), || async {
