@@ -534,6 +534,16 @@ async fn an_ordered_keys_dead_head_is_retried_in_order_or_skipped_with_a_record(
     let (code, out) = cli(&env, &file, &["keys", "skip", "nokey"]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("job nokey has no key"), "{out}");
+    // The record goes with its job (retention, `dlq purge`): the table does not grow with
+    // history.
+    env.store
+        .raw()
+        .await
+        .unwrap()
+        .execute("DELETE FROM jobs WHERE id = 'B-1'", &[])
+        .await
+        .unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM key_skips").await, 0);
 
     // ordered_on_dead = "skip": the key goes on by itself; the dead job says so.
     fixed.store(false, Ordering::SeqCst);
