@@ -360,6 +360,22 @@ pub struct Then {
     /// runs, e.g. "1h" (the contract's duration text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in: Option<String>,
+    /// The job's key (per-key limits, fair turns, order; debounce and throttle group by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Collapse the key's jobs within this quiet window into the last, e.g. "5s" (the
+    /// contract's duration text; needs `key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<String>,
+    /// Run a debounced key's job after this long at the latest, however busy the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce_max_wait: Option<String>,
+    /// At most one job of the key per window; the others end `cancelled` (needs `key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<String>,
+    /// Hold `idempotency_key` this long only (needs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique_for: Option<String>,
 }
 
 impl Then {

@@ -408,10 +408,32 @@ async fn the_rust_client_the_cli_and_then_debounce_alike() {
     )
     .await
     .unwrap();
-    let seen = seen_after(&seen, 4, 30).await;
+    // The Rust client's `then` specs carry the key and the window too.
+    let then = |n: i32| jobwarden::client::Then {
+        key: Some("rt".into()),
+        debounce: Some("500ms".into()),
+        ..jobwarden::client::Then::new("hooks", json!({ "rthen": n }))
+    };
+    client
+        .enqueue(
+            "hooks",
+            json!({"rust_parent": true}),
+            EnqueueOptions {
+                then: vec![then(1), then(2)],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let seen = seen_after(&seen, 6, 30).await;
     let payloads: Vec<&Value> = seen.iter().map(|(_, p)| p).collect();
-    assert_eq!(seen.len(), 4, "{seen:?}");
-    for last in [json!({"rust": 4}), json!({"cli": 2}), json!({"then": 2})] {
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    for last in [
+        json!({"rust": 4}),
+        json!({"cli": 2}),
+        json!({"then": 2}),
+        json!({"rthen": 2}),
+    ] {
         assert!(payloads.contains(&&last), "{last} not in {payloads:?}");
     }
     w.shutdown().await;
