@@ -762,10 +762,23 @@ async fn intakes_that_start_jobs_at_once_and_takes_never_exceed_a_keys_limit_tog
             };
             let (b1, b2) = (batch("w1"), batch("w2"));
             let seq = 1 + round * 10_000;
-            let (x, y, z) = tokio::join!(
+            // All three wait behind a lock on job_keys, which their counts of the keys' room
+            // read (the intakes' statements do not, so they are under way), then count at
+            // once: they overlap every round, and only the keys' locks keep them apart.
+            let mut gate = env.store.raw().await.unwrap();
+            let gate = gate.transaction().await.unwrap();
+            gate.batch_execute("LOCK TABLE job_keys IN ACCESS EXCLUSIVE MODE")
+                .await
+                .unwrap();
+            let open = async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                gate.commit().await.unwrap();
+            };
+            let (x, y, z, ()) = tokio::join!(
                 intake_new(&env.store, "w1", rules, (seq, 8), &b1),
                 intake_new(&env.store, "w2", rules, (seq + 100, 8), &b2),
-                take(&env.store, "w3", 8, rules)
+                take(&env.store, "w3", 8, rules),
+                open
             );
             let running = running_per_key(&env).await;
             for (key, n) in &running {
