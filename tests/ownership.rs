@@ -481,12 +481,18 @@ async fn a_claim_that_lands_after_the_self_fence_is_given_back_not_run() {
         "the job ran while its worker was fenced off ({:?} before the beats resumed)",
         unfenced_from - starts[0]
     );
-    assert_eq!(
-        outcomes(&env.store, "late-claim").await,
-        vec!["released", "completed"]
+    // Given back at least once (a redelivery of the message may have been claimed in a
+    // second statement that also landed after the fence, and was given back too: seen in a
+    // loaded suite run), then completed once.
+    let o = outcomes(&env.store, "late-claim").await;
+    let (last, before) = o.split_last().expect("outcomes");
+    assert_eq!(last, "completed", "{o:?}");
+    assert!(
+        !before.is_empty() && before.iter().all(|x| x == "released"),
+        "{o:?}"
     );
     let job = env.store.job_get("late-claim").await.unwrap().unwrap();
-    assert_eq!(job.attempts, 1, "the given-back claim counted an attempt");
+    assert_eq!(job.attempts, 1, "the given-back claims counted an attempt");
     w.shutdown().await;
 }
 
