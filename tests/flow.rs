@@ -9,6 +9,7 @@ use jobwarden::handler::from_fn;
 use jobwarden::store::GrantCounts;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -631,6 +632,80 @@ async fn a_cluster_wide_cap_of_3_holds_across_3_workers_with_5_slots_each() {
     }
 }
 
+/// A TCP relay to `127.0.0.1:upstream` that counts the connections made through it: while
+/// the server is down, each try of a PostgreSQL client is one (the relay accepts it and
+/// closes it, as its connect to the server fails).
+async fn counting_relay(upstream: u16) -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tries = Arc::new(AtomicUsize::new(0));
+    let counted = tries.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await;
+                if let Ok(mut server) = server {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut server).await;
+                }
+            });
+        }
+    });
+    (port, tries)
+}
+
+#[tokio::test]
+async fn a_capped_queue_backs_off_its_reports_through_a_postgres_outage() {
+    // A job of a capped queue ends while PostgreSQL is down: the flow's report of it fails,
+    // and must be retried with the backoff of every other service, not each time the
+    // producer's loop turns.
+    let pg = common::testkit::PgCluster::start().unwrap();
+    let (port, tries) = counting_relay(pg.port()).await;
+    let env = TestEnv::with_database(
+        &pg.url(),
+        &rust_queue("work", "concurrency = 2\nglobal_concurrency = 2\n"),
+    )
+    .await;
+    let mut cfg = env.config.clone();
+    cfg.database.url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let (h, starts) = timed(1500);
+    let w = env.worker_with(cfg, &[("h", h)]).await;
+    env.publish_raw("work", r#"{"id":"j-1","payload":{}}"#)
+        .await;
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            !starts.lock().unwrap().is_empty()
+        })
+        .await,
+        "the job never started"
+    );
+    pg.stop_immediate().unwrap();
+    let before = tries.load(Ordering::SeqCst);
+    // The job ends 1.5 s after it started, in the outage.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during = tries.load(Ordering::SeqCst) - before;
+    pg.start_again().unwrap();
+    println!("connections tried during 4 s of outage: {during}");
+    assert!(
+        env.wait_status("j-1", "completed", 30).await,
+        "the job did not complete after the outage"
+    );
+    env.publish_raw("work", r#"{"id":"j-2","payload":{}}"#)
+        .await;
+    assert!(
+        env.wait_status("j-2", "completed", 30).await,
+        "the capped queue did not run a job after the outage"
+    );
+    // Each service retries a few times in 4 s (waits doubling from 100-200 ms): 30 tries in
+    // all, seen. A report retried at every turn of the producer's loop tried 16,322 times;
+    // one retried every 50 ms would try 80.
+    assert!(
+        during <= 60,
+        "{during} connections tried in 4 s of outage: a retry without backoff"
+    );
+    w.shutdown().await;
+}
+
 /// Starts (from `job_attempts`, the claim's database time) in the busiest window of `w`.
 async fn busiest_window(env: &TestEnv, w: Duration) -> (i64, Vec<f64>) {
     let c = env.store.raw().await.unwrap();
@@ -1098,12 +1173,7 @@ type Started = Arc<Mutex<Vec<String>>>;
 
 /// A handler that runs each job `payload.ms` milliseconds; it records how many ran at once
 /// and which it started.
-fn counting() -> (
-    Arc<dyn jobwarden::Handler>,
-    Arc<std::sync::atomic::AtomicUsize>,
-    Started,
-) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+fn counting() -> (Arc<dyn jobwarden::Handler>, Arc<AtomicUsize>, Started) {
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let started: Started = Arc::default();

@@ -200,17 +200,37 @@ impl Flow {
     }
 
     /// Reports what changed when no acquire carried it for [`REPORT_EVERY`] (`now`: at
-    /// once, as at the end of a drain).
+    /// once, as at the end of a drain). While the store fails, not before its backoff ends.
     pub async fn report(&mut self, now: bool) {
-        if self.dirty && (now || self.reported_at.elapsed() >= REPORT_EVERY) {
+        let at = if now {
+            self.retry_at()
+        } else {
+            self.report_due()
+        };
+        if self.dirty && Instant::now() >= at {
             self.take(0).await;
+        }
+    }
+
+    /// When a report of what changed is due: [`REPORT_EVERY`] after the last one, and not
+    /// before the store's backoff ends.
+    fn report_due(&self) -> Instant {
+        (self.reported_at + REPORT_EVERY).max(self.retry_at())
+    }
+
+    /// Not before then while the store fails (its backoff); now otherwise.
+    fn retry_at(&self) -> Instant {
+        if self.outage.failing() {
+            self.next_try
+        } else {
+            Instant::now()
         }
     }
 
     /// When this side must call the store even if nothing else happens: a report is due
     /// (something changed and no acquire carried it), or grants held while idle go back.
     pub fn due(&self) -> Option<Instant> {
-        let report = self.dirty.then_some(self.reported_at + REPORT_EVERY);
+        let report = self.dirty.then(|| self.report_due());
         let give_back = self
             .idle_since
             .filter(|_| self.held() > 0)
