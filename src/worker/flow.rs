@@ -72,10 +72,7 @@ impl Flow {
             idle_since: None,
             next_try: Instant::now(),
             roomy: true,
-            chunk: shared
-                .config
-                .worker
-                .claim_batch
+            chunk: (shared.config.worker.claim_batch * super::producer::CLAIMS_IN_FLIGHT)
                 .min(policy.concurrency)
                 .max(1),
             outage: Outage::between(
