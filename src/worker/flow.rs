@@ -40,10 +40,11 @@ pub(crate) struct Flow {
     /// Not before then: the store said nothing more is free until about then.
     next_try: Instant,
     /// The last acquire got all it asked for: the limits are not near, so the next asks for
-    /// a claim group's worth at least ([`Flow::chunk`]) and single messages need no acquire
-    /// each. Where they are near, it asks for what it needs only, leaving the rest to others.
+    /// the claim groups' worth it keeps in flight ([`Flow::chunk`]) and single messages need
+    /// no acquire each. Where they are near, it asks for what it needs only, leaving the rest
+    /// to others.
     roomy: bool,
-    /// A claim group's worth of grants.
+    /// The claim groups' worth of grants a producer keeps in flight (at most its slots).
     chunk: usize,
     /// The store's failures: backed off (up to [`RETRY_MAX`]) and logged once per run.
     outage: Outage,
