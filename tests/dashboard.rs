@@ -609,12 +609,12 @@ async fn a_pipeline_is_one_view_and_an_admin_cancels_it_there() {
          [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
     ))
     .await;
-    // The PDF step hangs until cancelled.
+    // The charge has a result; the PDF step hangs until cancelled.
     let h = from_fn(|job| async move {
         if job.queue == "pdf" {
             tokio::time::sleep(Duration::from_secs(120)).await;
         }
-        Ok(None)
+        Ok((job.queue == "charge").then(|| json!({"charge": "ch_1"})))
     });
     let worker = env.worker(&[("h", h)]).await;
     let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
@@ -667,6 +667,8 @@ async fn a_pipeline_is_one_view_and_an_admin_cancels_it_there() {
     };
     assert_eq!(rows.len(), 3, "{rows:?}");
     assert!(rows[0].starts_with("order-1 charge completed"), "{rows:?}");
+    // Each step's result, which the steps after it receive.
+    assert!(rows[0].contains(r#"{"charge":"ch_1"}"#), "{rows:?}");
     assert!(rows[1].starts_with("order-1.1 pdf processing"), "{rows:?}");
     assert!(rows[1].contains("then 1 more"), "{rows:?}");
     assert!(rows[2].starts_with("audit-1 email waiting"), "{rows:?}");

@@ -119,6 +119,11 @@ async fn order_pipeline_retries_only_the_failing_step_and_shows_each_pipeline_in
     );
     assert_eq!(r.emails, 11, "{r:?}");
     assert_eq!(
+        r.emails_with_their_invoice, 11,
+        "every email got the invoice its PDF step made from its own charge (results passed \
+         down the chain): {r:?}"
+    );
+    assert_eq!(
         r.charges, 12,
         "every order charged once (the cancelled one before its PDF): {r:?}"
     );

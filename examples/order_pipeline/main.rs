@@ -29,15 +29,19 @@ async fn main() -> anyhow::Result<()> {
     }
     let ok = report.duplicate_charges == 0
         && report.other_steps_rerun == 0
+        && report.emails_with_their_invoice == report.emails
         && report.unexplained_runs.is_empty();
     println!(
         "\n{} orders: {} pipelines completed, {} charges ({} duplicate), {} PDF steps retried \
-         alone, {} handler calls ({} unexplained): {}",
+         alone, {} of {} emails with the invoice their PDF step made from their charge, {} \
+         handler calls ({} unexplained): {}",
         report.orders,
         report.completed,
         report.charges,
         report.duplicate_charges,
         report.pdf_retried,
+        report.emails_with_their_invoice,
+        report.emails,
         report.handler_calls,
         report.unexplained_runs.len(),
         if ok { "OK" } else { "FAILED" }

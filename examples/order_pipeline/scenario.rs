@@ -7,7 +7,9 @@
 //! the card is charged once, the email sent once. The charge step gives the gateway the
 //! job id as its idempotency key (the attempt goes along for the audit trail). A declined
 //! charge ends the pipeline dead; retrying it from the dead-letter queue resumes it. A
-//! cancelled pipeline runs nothing more. Each pipeline's state is one SQL query
+//! cancelled pipeline runs nothing more. Results flow down the chain: the PDF step makes the
+//! invoice number from the charge step's result (the charge id), and the email step reads it
+//! from the PDF step's result (`JobContext::parents`). Each pipeline's state is one SQL query
 //! (`WHERE pipeline = 'order-7'`), `jobwarden jobs pipeline order-7`, and one dashboard view
 //! (`/pipeline?id=order-7`).
 //!
@@ -58,6 +60,9 @@ pub struct Report {
     /// Of those, orders whose charge or email ran more than once (must be 0).
     pub other_steps_rerun: usize,
     pub emails: usize,
+    /// Emails that carried the invoice number the PDF step made from their order's own
+    /// charge (both passed down the chain as results): must be every email sent.
+    pub emails_with_their_invoice: usize,
     /// The declined order: dead at the charge, no PDF or email job created; after the card
     /// was fixed and the job retried from the dead-letter queue, completed.
     pub declined_dead_without_followers: bool,
@@ -85,6 +90,8 @@ struct World {
     charge_runs: usize,
     pdf_runs: HashMap<i64, usize>,
     email_runs: HashMap<i64, usize>,
+    /// The invoice number each order's email was given (from the PDF step's result).
+    email_invoices: HashMap<i64, String>,
     charge_runs_by_order: HashMap<i64, usize>,
     /// Every handler call of every step, per job id.
     calls: HashMap<String, usize>,
@@ -198,7 +205,16 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
             if order % 4 == 0 && runs == 1 {
                 return Err(JobError::retry("renderer crashed (out of memory)"));
             }
-            Ok(Some(json!({"pages": 1 + order % 3})))
+            // The charge step's result, passed down: the invoice names the charge.
+            let charge = job
+                .parents
+                .as_ref()
+                .and_then(|p| p[format!("order-{order}")]["charge"].as_str())
+                .ok_or_else(|| JobError::permanent("no charge in the charge step's result"))?;
+            Ok(Some(json!({
+                "pages": 1 + order % 3,
+                "invoice": format!("INV-{order}-{charge}"),
+            })))
         }
     });
     let w = world.clone();
@@ -206,12 +222,18 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         let w = w.clone();
         async move {
             called(&w, &job);
-            *w.lock()
-                .unwrap()
-                .email_runs
-                .entry(order_of(&job.payload))
-                .or_default() += 1;
-            Ok(None)
+            let order = order_of(&job.payload);
+            // The PDF step's result, passed down: the invoice number to attach.
+            let invoice = job
+                .parents
+                .as_ref()
+                .and_then(|p| p[format!("order-{order}.1")]["invoice"].as_str())
+                .ok_or_else(|| JobError::permanent("no invoice in the PDF step's result"))?
+                .to_string();
+            let mut w = w.lock().unwrap();
+            *w.email_runs.entry(order).or_default() += 1;
+            w.email_invoices.insert(order, invoice.clone());
+            Ok(Some(json!({ "sent_with": invoice })))
         }
     });
 
@@ -351,6 +373,14 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         report.duplicate_charges = w.charges.values().filter(|n| **n > 1).count();
         report.charge_runs = w.charge_runs;
         report.emails = w.email_runs.values().sum();
+        report.emails_with_their_invoice = w
+            .email_invoices
+            .iter()
+            .filter(|(order, invoice)| {
+                let charge = w.by_key.get(&format!("order-{order}"));
+                charge.is_some_and(|c| **invoice == format!("INV-{order}-{c}"))
+            })
+            .count();
         let retried: Vec<i64> = w
             .pdf_runs
             .iter()

@@ -1,7 +1,8 @@
 //! The `exec` handler: run a command per job.
 //!
 //! The payload goes to stdin as JSON, job details go in the environment (`JOB_ID`,
-//! `JOB_ATTEMPT`…), progress comes back as JSON lines on stdout
+//! `JOB_ATTEMPT`…, and `JOB_PARENTS`: the results of the jobs it follows, as JSON), progress
+//! comes back as JSON lines on stdout
 //! (`{"progress":0.4,"stage":"clone"}`), and a `{"result":…}` line sets the job's result.
 //! Exit 0 succeeds, [`EXIT_PERMANENT`] (65, `EX_DATAERR`) fails for good, anything else is
 //! retried. The command runs in its own process group so that on timeout or cancellation
@@ -91,6 +92,12 @@ impl ExecHandler {
         if let Some(tp) = &job.traceparent {
             cmd.env("TRACEPARENT", tp);
         }
+        // The results of the jobs it follows, as JSON (at most 64 KiB of results: well
+        // within the 128 KiB an environment variable may hold).
+        match &job.parents {
+            Some(p) => cmd.env("JOB_PARENTS", p.to_string()),
+            None => cmd.env_remove("JOB_PARENTS"),
+        };
         cmd
     }
 

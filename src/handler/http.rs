@@ -1,4 +1,6 @@
-//! The `http` handler: POST each job as JSON to the application's local URL.
+//! The `http` handler: POST each job as JSON to the application's local URL (`id`, `queue`,
+//! `attempt`, `max_attempts`, `payload`, `progress_url`, and `parents`: the results of the
+//! jobs it follows, when it follows any).
 //!
 //! Status codes decide the outcome: 2xx succeeds (a JSON body becomes the job's result),
 //! 408, 429 and 5xx are worth a retry (429/503 may say when, with `Retry-After`), any
@@ -39,6 +41,9 @@ struct JobRequest<'a> {
     attempt: u32,
     max_attempts: u32,
     payload: &'a Value,
+    /// The results of the jobs it follows (left out for a job that follows none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parents: Option<&'a Value>,
     progress_url: String,
 }
 
@@ -85,6 +90,7 @@ impl HttpHandler {
             attempt: job.attempt,
             max_attempts: job.max_attempts,
             payload: &job.payload,
+            parents: job.parents.as_ref(),
             progress_url: job.progress_url(),
         })?;
         let deadline_ms = u64::try_from(job.timeout.as_millis()).unwrap_or(u64::MAX);

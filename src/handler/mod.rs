@@ -107,6 +107,11 @@ pub struct JobContext {
     pub attempt: u32,
     pub max_attempts: u32,
     pub payload: Value,
+    /// The results of the jobs this one follows, `{"<parent id>": <result>, ...}`: the job
+    /// whose `then` created it, or every `depends_on` parent (null for a parent that completed
+    /// without a result). `None` for a job that follows none. At most 65,536 bytes of
+    /// results in all; one that does not fit is `{"omitted": "<why, where to read it>"}`.
+    pub parents: Option<Value>,
     /// How long this attempt may run; the worker enforces it, handlers may pass it on.
     pub timeout: Duration,
     /// W3C trace context from the message headers, passed on to the application.
@@ -177,6 +182,7 @@ impl JobContext {
             attempt: 1,
             max_attempts: 1,
             payload,
+            parents: None,
             timeout: Duration::from_secs(30),
             traceparent: None,
             api_base: "http://127.0.0.1:0".into(),

@@ -33,9 +33,11 @@ pub struct PipelineJob {
     /// RFC 3339, UTC.
     pub created_at: String,
     pub completed_at: Option<String>,
+    /// Its result, which the jobs after it receive.
+    pub result: Option<serde_json::Value>,
 }
 
-/// A row of `pipeline_jobs.sql` (its first ten columns).
+/// A row of `pipeline_jobs.sql` (its first ten columns and the twelfth).
 impl From<&tokio_postgres::Row> for PipelineJob {
     fn from(r: &tokio_postgres::Row) -> PipelineJob {
         PipelineJob {
@@ -49,6 +51,7 @@ impl From<&tokio_postgres::Row> for PipelineJob {
             pending_then: r.get(7),
             created_at: r.get(8),
             completed_at: r.get(9),
+            result: r.get(11),
         }
     }
 }

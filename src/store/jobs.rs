@@ -130,6 +130,7 @@ fn claim_of(r: &tokio_postgres::Row, queue: &str) -> Claim {
                 .and_then(|v| serde_json::from_value(v).ok()),
             traceparent: r.get(12),
             conflict,
+            parents: r.get(17),
         }
     } else {
         Claim::NotClaimable { status, conflict }
@@ -181,6 +182,7 @@ pub(super) fn fresh_claims(
                 backoff: None,
                 traceparent: None,
                 conflict: false,
+                parents: None,
             }
         } else {
             Claim::NotClaimable {

@@ -30,6 +30,8 @@ pub struct Taken {
     pub traceparent: Option<String>,
     /// When the job was created (for the wait it had).
     pub created_ns: i128,
+    /// Its parents' results (`parent_results`, version 28).
+    pub parents: Option<Value>,
 }
 
 impl Store {
@@ -160,6 +162,7 @@ impl Store {
                     .get::<_, std::time::SystemTime>(8)
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as i128),
+                parents: r.get(9),
             })
             .collect();
         Ok(Takes { jobs, more })

@@ -278,6 +278,8 @@ pub enum Claim {
         /// The row existed with another payload than the message's: the message is
         /// another job that reused this id.
         conflict: bool,
+        /// The results of the parents it was made due by (version 28), when the row existed.
+        parents: Option<Value>,
     },
     /// The job exists and is not claimable now (terminal, running elsewhere, or waiting).
     /// `conflict`: it holds another payload than the message's.

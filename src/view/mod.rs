@@ -36,6 +36,17 @@ pub fn ago(secs: f64) -> String {
     }
 }
 
+/// Characters of a result a pipeline's table shows (the CLI's and the dashboard's).
+pub const RESULT_SHOWN: usize = 120;
+
+/// `text` cut to `max` characters, with `…` when it was longer.
+pub fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}…", &text[..at]),
+    }
+}
+
 /// A point in time to the second, RFC 3339 in UTC (`2026-11-26T03:00:00Z`).
 pub fn utc(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

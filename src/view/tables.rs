@@ -2,6 +2,7 @@
 //! columns for a terminal, one line per row.
 
 use super::ago;
+use super::{cut, RESULT_SHOWN};
 use crate::store::{Pause, PipelineJob, QueueStats, UnservedRow, WorkerRow};
 
 /// The `jobwarden workers` table.
@@ -117,11 +118,12 @@ pub fn format_unserved(rows: &[UnservedRow]) -> String {
     out
 }
 
-/// A pipeline as a table: one line per job, with its parents.
+/// A pipeline as a table: one line per job, with its parents and its result (what the jobs
+/// after it receive; cut at [`RESULT_SHOWN`] characters, `jobs show` has all of it).
 pub fn format_pipeline(jobs: &[PipelineJob]) -> String {
     let mut out = format!(
         "{:<40} {:<12} {:<11} {:>8}  {}\n",
-        "JOB", "QUEUE", "STATUS", "ATTEMPTS", "AFTER / LAST ERROR"
+        "JOB", "QUEUE", "STATUS", "ATTEMPTS", "AFTER / RESULT / LAST ERROR"
     );
     for j in jobs {
         let mut notes = Vec::new();
@@ -130,6 +132,9 @@ pub fn format_pipeline(jobs: &[PipelineJob]) -> String {
         }
         if j.pending_then > 0 {
             notes.push(format!("then {} more when it completes", j.pending_then));
+        }
+        if let Some(r) = &j.result {
+            notes.push(format!("result {}", cut(&r.to_string(), RESULT_SHOWN)));
         }
         if let Some(e) = &j.last_error {
             notes.push(e.clone());

@@ -38,6 +38,8 @@ pub(crate) struct Owned {
     pub traceparent: Option<String>,
     /// The job's own backoff, overriding the queue's.
     pub backoff: Option<crate::backoff::Backoff>,
+    /// Its parents' results (`JobContext::parents`).
+    pub parents: Option<Value>,
 }
 
 /// Runs the job to its end and sends the outcome to the completer (unless ownership was lost).
@@ -56,6 +58,7 @@ pub(crate) async fn execute(
         attempt: job.attempt,
         max_attempts: job.max_attempts,
         payload: job.payload,
+        parents: job.parents,
         timeout: job.timeout,
         traceparent: job.traceparent,
         api_base: shared.api_base.clone(),

@@ -2,7 +2,8 @@
 -- the `then` jobs of the completed ones and decide their waiting children. A child whose
 -- parents all completed becomes due now; one with a dead parent is dead, with a cancelled
 -- parent cancelled (and is itself pending, so its own children follow next round). Rows are
--- locked with SKIP LOCKED, so several workers' schedulers share the work.
+-- locked with SKIP LOCKED, so several workers' schedulers share the work. A job created or
+-- made due here carries its parents' results (`parent_results`, version 28).
 -- $1 most parents per round; $2 one parent only (NULL: any). Returns how many parents it took, jobs it created and children it
 -- decided, and the children it dead-lettered (ids, queues, reasons).
 WITH parents AS (
@@ -22,7 +23,8 @@ specs AS (
 ),
 created AS (
     INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
-                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at, key, gate)
+                      backoff, status, scheduled_at, then_jobs, pipeline, expires_at, key, gate,
+                      parent_results)
     SELECT s.id, s.spec ->> 'queue', s.spec -> 'payload',
            COALESCE((s.spec ->> 'priority')::int2, 5),
            COALESCE((s.spec ->> 'max_attempts')::int4, 5),
@@ -35,7 +37,9 @@ created AS (
            s.spec ->> 'key',
            -- Debounce, throttle, unique_for (version 23): the spec's, else its queue's.
            job_gate(s.spec ->> 'queue', job_gate_own(s.spec), s.spec ->> 'key',
-                    s.spec ->> 'idempotency_key')
+                    s.spec ->> 'idempotency_key'),
+           -- Its parent's result (version 28).
+           job_parent_results(ARRAY[s.parent])
     FROM specs s
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -49,6 +53,7 @@ lineage AS (
 verdict AS (
     SELECT d.child AS id,
            bool_and(pp.status = 'completed') AS ready,
+           array_agg(pp.id) AS parents,
            min(pp.id) FILTER (WHERE pp.status = 'cancelled') AS cancelled_by,
            min(pp.id) FILTER (WHERE pp.status = 'dead') AS dead_by
     FROM job_deps d
@@ -69,6 +74,9 @@ decided AS (
                           WHEN v.dead_by IS NOT NULL THEN 'parent ' || v.dead_by || ' is dead'
                           ELSE c.last_error END,
         chain_pending = NOT v.ready AND c.has_dependents,
+        -- Its parents' results (version 28).
+        parent_results = CASE WHEN v.ready THEN job_parent_results(v.parents)
+                              ELSE c.parent_results END,
         updated_at = now()
     FROM verdict v
     WHERE c.id = v.id AND c.status = 'waiting'

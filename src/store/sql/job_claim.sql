@@ -17,6 +17,7 @@
 -- (version 23: `cancelled`, gated_by the job holding the window) says so in the last
 -- column, `throttled`, and is not `expired`. A row without an expiry of its own takes the queue's
 -- default as this worker declares it ($15), counted from its created_at, at its first claim.
+-- A claimed existing row also returns its parents' results (version 28, the last column).
 -- $1 worker id; $2 the queue's stale_after (ms) as this worker declares it; $3.. one array
 -- per column of the batch; $14 the expiries (Unix ms, NULL for none); $15 the queue's
 -- expire_after (ms, NULL for none); $16 the keys (version 20, NULL for none); $17 what gates
@@ -96,29 +97,30 @@ claimed AS (
       AND (j.status = 'queued' OR (j.status = 'scheduled' AND j.scheduled_at <= now()))
       AND (COALESCE(j.expires_at, j.created_at + $15::int8 * interval '1 millisecond') > now()) IS NOT FALSE
     RETURNING j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, j.payload, j.queue,
-              j.backoff, j.traceparent, j.payload = i.payload AS same_payload
+              j.backoff, j.traceparent, j.payload = i.payload AS same_payload, j.parent_results
 ),
 answer AS (
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb AS payload,
            true AS fresh, queue, backoff, traceparent, true AS same_payload,
-           status = 'cancelled' AND NOT throttled AS expired, throttled
+           status = 'cancelled' AND NOT throttled AS expired, throttled,
+           NULL::jsonb AS parent_results
     FROM inserted
     UNION ALL
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, payload, false, queue, backoff,
-           traceparent, same_payload, false, false
+           traceparent, same_payload, false, false, parent_results
     FROM claimed
     UNION ALL
     SELECT id, status, attempts, max_attempts, lease, timeout_ms, NULL::jsonb, false, queue,
-           NULL::jsonb, NULL::text, same_payload, true, false
+           NULL::jsonb, NULL::text, same_payload, true, false, NULL::jsonb
     FROM expired
     UNION ALL
     SELECT j.id, j.status, j.attempts, j.max_attempts, j.lease, j.timeout_ms, NULL::jsonb, false,
-           j.queue, NULL::jsonb, NULL::text, j.payload = i.payload, false, false
+           j.queue, NULL::jsonb, NULL::text, j.payload = i.payload, false, false, NULL::jsonb
     FROM jobs j JOIN input i ON i.id = j.id
     WHERE j.id = ANY((SELECT ids FROM others)::text[]) AND j.id NOT IN (SELECT id FROM claimed)
       AND j.id NOT IN (SELECT id FROM expired)
 )
 SELECT i.idx, (SELECT alive FROM me), a.id IS NOT NULL AS found, a.status, a.attempts, a.max_attempts, a.lease,
        a.timeout_ms, a.payload, a.fresh, a.queue, a.backoff, a.traceparent, a.same_payload,
-       (SELECT paused FROM me), a.expired, a.throttled
+       (SELECT paused FROM me), a.expired, a.throttled, a.parent_results
 FROM input i LEFT JOIN answer a ON a.id = i.id

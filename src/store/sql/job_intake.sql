@@ -159,5 +159,5 @@ answer AS (
 SELECT i.idx, (SELECT alive FROM me), a.id IS NOT NULL AS found, a.status, a.attempts,
        a.max_attempts, a.lease, a.timeout_ms, NULL::jsonb, false,
        a.queue, NULL::jsonb, NULL::text, a.same_payload, (SELECT paused FROM me), a.expired,
-       a.throttled
+       a.throttled, NULL::jsonb
 FROM input i LEFT JOIN answer a ON a.id = i.id

@@ -321,6 +321,7 @@ impl Producer {
                 backoff,
                 traceparent,
                 conflict,
+                parents,
             } => {
                 let message_trace = input.traceparent.clone();
                 let (job_payload, job_backoff) = match payload {
@@ -351,6 +352,7 @@ impl Producer {
                     payload: job_payload,
                     backoff: job_backoff,
                     traceparent: traceparent.or(message_trace),
+                    parents,
                 };
                 self.dispatch(d, job).await;
                 fates.dispatched += 1;

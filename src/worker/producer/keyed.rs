@@ -226,6 +226,7 @@ impl Producer {
             payload: t.payload,
             backoff: t.backoff,
             traceparent: t.traceparent,
+            parents: t.parents,
         };
         self.spawn_job(attempt, job, t.created_ns);
     }

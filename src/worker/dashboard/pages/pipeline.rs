@@ -1,5 +1,6 @@
 //! `/pipeline?id=`: every job chained with `then` and `depends_on` to the one named, a page
-//! at a time, with its state and parents; a summary per status; for an admin, the button
+//! at a time, with its state, parents and result (what the jobs after it receive); a summary
+//! per status; for an admin, the button
 //! that cancels every unfinished job of it.
 
 use super::super::auth::Viewer;
@@ -8,6 +9,7 @@ use super::super::{q, PAGE};
 use super::job::no_such_job;
 use crate::job::JobStatus;
 use crate::store::PipelineJob;
+use crate::view::{cut, RESULT_SHOWN};
 use crate::worker::Shared;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
@@ -89,7 +91,8 @@ fn jobs_table<'a>(jobs: impl Iterator<Item = &'a PipelineJob>) -> Markup {
             thead {
                 tr {
                     th { "job" } th { "queue" } th { "status" } th class="n" { "attempts" }
-                    th { "after" } th { "created (UTC)" } th { "finished (UTC)" } th { "last error" }
+                    th { "after" } th { "result" } th { "created (UTC)" } th { "finished (UTC)" }
+                    th { "last error" }
                 }
             }
             tbody {
@@ -100,6 +103,11 @@ fn jobs_table<'a>(jobs: impl Iterator<Item = &'a PipelineJob>) -> Markup {
                         td { (status_badge(&j.status)) }
                         td class="n" { (j.attempts) "/" (j.max_attempts) }
                         td { (after(j)) }
+                        td class="result" {
+                            @if let Some(r) = &j.result {
+                                code title=(cut(&r.to_string(), 4096)) { (cut(&r.to_string(), RESULT_SHOWN)) }
+                            }
+                        }
                         td { (j.created_at) }
                         td { (j.completed_at.as_deref().unwrap_or("")) }
                         td class="err" { (j.last_error.as_deref().unwrap_or("")) }
