@@ -70,6 +70,24 @@ pub struct EnqueueOptions {
     pub unique_for: Option<Duration>,
 }
 
+/// One job of a bulk enqueue ([`Client::enqueue_many`]).
+#[derive(Debug, Clone)]
+pub struct BulkJob {
+    pub queue: String,
+    pub payload: Value,
+    pub opts: EnqueueOptions,
+}
+
+impl BulkJob {
+    pub fn new(queue: impl Into<String>, payload: Value, opts: EnqueueOptions) -> BulkJob {
+        BulkJob {
+            queue: queue.into(),
+            payload,
+            opts,
+        }
+    }
+}
+
 /// The `then` of an enqueue and its check are part of the job's wire format: they live
 /// with the envelope in [`crate::job`].
 pub use crate::job::{check_then, Then};
@@ -97,6 +115,11 @@ impl Client {
     pub fn with_max_payload_bytes(mut self, n: usize) -> Client {
         self.max_payload_bytes = Some(n);
         self
+    }
+
+    /// The store it enqueues into (to open a transaction for [`Client::enqueue_many_in`]).
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// Max attempts for jobs that name none (normally the queue's configured value).
@@ -233,19 +256,75 @@ impl Client {
                 ],
             )
             .await
-            .map_err(|e| match e.as_db_error() {
-                Some(db) if db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
-                    ClientError::Conflict(db.message().to_string())
-                }
-                Some(db)
-                    if db.code() == &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE
-                        || db.code() == &tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION =>
-                {
-                    ClientError::Invalid(db.message().to_string())
-                }
-                _ => ClientError::Store(e.into()),
-            })?;
+            .map_err(refusal)?;
         Ok(row.get(0))
+    }
+
+    /// Enqueues many jobs inside the caller's own transaction (the outbox), as
+    /// [`Client::enqueue_in`] would each, in one statement per 100,000 (the schema's
+    /// `enqueue_many()`): all of them or, when one is refused, none — the error names it
+    /// (`jobs[17]`, counted from 1) and its field. Returns their ids in order (an existing
+    /// job's for a repeated id or idempotency key with the same payload). Once the
+    /// transaction commits, the workers' schedulers publish them.
+    pub async fn enqueue_many_in<C: tokio_postgres::GenericClient>(
+        &self,
+        tx: &C,
+        jobs: &[BulkJob],
+    ) -> Result<Vec<String>, ClientError> {
+        if jobs.is_empty() {
+            return Err(ClientError::Invalid(
+                "jobs: is empty: give at least one job".into(),
+            ));
+        }
+        let mut ids = Vec::with_capacity(jobs.len());
+        for (c, chunk) in jobs.chunks(crate::contract::MAX_ENQUEUE_MANY).enumerate() {
+            let first = c * crate::contract::MAX_ENQUEUE_MANY + 1;
+            let mut specs = Vec::with_capacity(chunk.len());
+            for (i, j) in chunk.iter().enumerate() {
+                let (new, _envelope, max_attempts) = self
+                    .prepare(&j.queue, j.payload.clone(), &j.opts)
+                    .map_err(|e| ClientError::Invalid(format!("jobs[{}]: {e}", first + i)))?;
+                let mut spec = spec_of(&j.queue, new.payload, &new.id, &j.opts);
+                spec.insert("max_attempts".into(), max_attempts.into());
+                specs.push(Value::Object(spec));
+            }
+            let got = self
+                .enqueue_specs_in(tx, specs)
+                .await
+                .map_err(|e| renumbered(e, first - 1))?;
+            ids.extend(got);
+        }
+        Ok(ids)
+    }
+
+    /// Like [`Client::enqueue_many_in`] for job specs as they are (JSON objects with the
+    /// fields of SQL `enqueue_many()`, e.g. read from a file): checked by the schema's
+    /// contract only. Returns their ids in order.
+    pub async fn enqueue_specs_in<C: tokio_postgres::GenericClient>(
+        &self,
+        tx: &C,
+        specs: Vec<Value>,
+    ) -> Result<Vec<String>, ClientError> {
+        let sql = in_schema(sql::CLIENT_ENQUEUE_MANY, self.store.schema());
+        let rows = tx
+            .query(&sql, &[&Value::Array(specs)])
+            .await
+            .map_err(refusal)?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(1)).collect())
+    }
+
+    /// [`Client::enqueue_many_in`] in a transaction of its own.
+    pub async fn enqueue_many(&self, jobs: &[BulkJob]) -> Result<Vec<String>, ClientError> {
+        let mut conn = self.store.raw().await?;
+        let tx = conn
+            .transaction()
+            .await
+            .map_err(|e| ClientError::Store(e.into()))?;
+        let ids = self.enqueue_many_in(&*tx, jobs).await?;
+        tx.commit()
+            .await
+            .map_err(|e| ClientError::Store(e.into()))?;
+        Ok(ids)
     }
 
     /// Enqueues a job and returns it. Enqueueing an existing id or idempotency key returns the
@@ -331,6 +410,55 @@ impl Client {
 }
 
 /// An enqueue's spec, as the contract reads it (every field the options set).
+/// A statement's error as the client's: a taken id or key is a conflict, a refused field or
+/// a missing parent invalid input (PostgreSQL's words, which name them).
+fn refusal(e: tokio_postgres::Error) -> ClientError {
+    match e.as_db_error() {
+        Some(db) if db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
+            ClientError::Conflict(db.message().to_string())
+        }
+        Some(db)
+            if db.code() == &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE
+                || db.code() == &tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION =>
+        {
+            ClientError::Invalid(db.message().to_string())
+        }
+        _ => ClientError::Store(e.into()),
+    }
+}
+
+/// A bulk statement's error about `jobs[i]` of a chunk, as the position in the whole call
+/// (the chunk begins after `before` jobs).
+fn renumbered(e: ClientError, before: usize) -> ClientError {
+    if before == 0 {
+        return e;
+    }
+    let fix = |m: String| member_renumbered(&m, before);
+    match e {
+        ClientError::Conflict(m) => ClientError::Conflict(fix(m)),
+        ClientError::Invalid(m) => ClientError::Invalid(fix(m)),
+        other => other,
+    }
+}
+
+/// `jobs[i]` in a bulk enqueue's error message as `jobs[i + before]`.
+pub fn member_renumbered(message: &str, before: usize) -> String {
+    let Some(at) = message.find("jobs[") else {
+        return message.to_string();
+    };
+    let digits = &message[at + 5..];
+    let end = digits.find(']').unwrap_or(0);
+    match digits[..end].parse::<usize>() {
+        Ok(i) => format!(
+            "{}jobs[{}]{}",
+            &message[..at],
+            i + before,
+            &digits[end + 1..]
+        ),
+        Err(_) => message.to_string(),
+    }
+}
+
 fn spec_of(
     queue: &str,
     payload: Value,
@@ -394,4 +522,25 @@ fn spec_of(
         put(field, d.map(|d| Value::from(format!("{}ns", d.as_nanos()))));
     }
     spec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::member_renumbered;
+
+    #[test]
+    fn a_bulk_error_names_the_member_by_its_position_in_the_whole_call() {
+        let m = "jobwarden: field `jobs[3].priority` is invalid: 12 is not a whole number";
+        assert_eq!(
+            member_renumbered(m, 100_000),
+            "jobwarden: field `jobs[100003].priority` is invalid: 12 is not a whole number"
+        );
+        let m = "jobwarden.enqueue_many: jobs[7]: job id 'a' already belongs to a job";
+        assert_eq!(
+            member_renumbered(m, 200_000),
+            "jobwarden.enqueue_many: jobs[200007]: job id 'a' already belongs to a job"
+        );
+        assert_eq!(member_renumbered("no member", 5), "no member");
+        assert_eq!(member_renumbered("jobs[x]", 5), "jobs[x]");
+    }
 }

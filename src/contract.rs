@@ -132,6 +132,9 @@ pub const MAX_THEN_JOBS: usize = 100;
 pub const MAX_THEN_DEPTH: usize = 8;
 /// Most parents one job may wait for.
 pub const MAX_DEPENDS_ON: usize = 100;
+/// Most jobs one bulk enqueue (`enqueue_many()`) takes; more go in several calls, in one
+/// transaction if they must be atomic.
+pub const MAX_ENQUEUE_MANY: usize = 100_000;
 /// Longest duration text in a backoff (`"1h 30m"`), in bytes.
 pub const MAX_DURATION_TEXT: usize = 64;
 /// Most digits after a duration's decimal point (nanoseconds).
@@ -1345,6 +1348,7 @@ pub fn sql_values() -> Vec<(String, String)> {
         ("MAX_THEN_JOBS", MAX_THEN_JOBS.to_string()),
         ("MAX_THEN_DEPTH", MAX_THEN_DEPTH.to_string()),
         ("MAX_DEPENDS_ON", MAX_DEPENDS_ON.to_string()),
+        ("MAX_ENQUEUE_MANY", MAX_ENQUEUE_MANY.to_string()),
         ("MAX_DURATION_TEXT", MAX_DURATION_TEXT.to_string()),
         ("MAX_DURATION_DECIMALS", MAX_DURATION_DECIMALS.to_string()),
         ("MAX_DURATION_DIGITS", MAX_DURATION_DIGITS.to_string()),

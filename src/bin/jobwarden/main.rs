@@ -12,6 +12,7 @@ mod bench_prune;
 mod bench_recovery;
 mod bulk;
 mod demo;
+mod enqueue_many;
 mod keys;
 mod prune;
 mod queues;
@@ -118,6 +119,17 @@ enum Command {
         /// The --idempotency-key is held this long only (e.g. 1h); then a new job may take it.
         #[arg(long, value_parser = humantime::parse_duration)]
         unique_for: Option<Duration>,
+    },
+    /// Enqueue many jobs at once from JSON lines, one job per line with the fields of SQL
+    /// enqueue_many() ({"queue": "email", "payload": {...}, "id": ..., "delay_ms": ...}), in
+    /// one transaction: all of them, or none when a line is refused (the error names it).
+    EnqueueMany {
+        /// A JSON-lines file, or - for standard input.
+        #[arg(default_value = "-")]
+        file: String,
+        /// Print each job's id, one per line, in the order of the lines.
+        #[arg(long)]
+        ids: bool,
     },
     /// Inspect jobs.
     Jobs {
@@ -506,6 +518,12 @@ async fn real_main(cli: Cli) -> Result<()> {
                 println!("{} {} (already enqueued)", enq.id, enq.status);
             }
             Ok(())
+        }
+        Command::EnqueueMany { file, ids } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            let broker = jobwarden::broker::Broker::connect(&config.nats).await?;
+            enqueue_many::run(&Client::new(store, broker), &file, ids).await
         }
         Command::Cron {
             command: CronCommand::List { next },
