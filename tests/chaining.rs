@@ -3,8 +3,10 @@
 
 mod common;
 
+use common::with_id as opts;
+
 use common::{text, wait_for, TestEnv};
-use jobwarden::client::{Client, EnqueueOptions, Then};
+use jobwarden::client::{EnqueueOptions, Then};
 use jobwarden::handler::{from_fn, JobError};
 use serde_json::json;
 use std::collections::HashMap;
@@ -62,17 +64,6 @@ fn count(runs: &Runs, id: &str) -> usize {
     runs.lock().unwrap().iter().filter(|r| r.0 == id).count()
 }
 
-fn client(env: &TestEnv) -> Client {
-    Client::new(env.store.clone(), env.broker.clone())
-}
-
-fn opts(id: &str) -> EnqueueOptions {
-    EnqueueOptions {
-        id: Some(id.into()),
-        ..Default::default()
-    }
-}
-
 /// Job `id`, waiting for `parents`.
 fn after(parents: &[&str], id: &str) -> EnqueueOptions {
     EnqueueOptions {
@@ -91,7 +82,8 @@ async fn a_then_chain_runs_in_order_and_a_failure_in_the_middle_retries_only_tha
             .then(Then::new("email", json!({"order": 42})))],
         ..opts("order-42")
     };
-    let enq = client(&env)
+    let enq = env
+        .client()
         .enqueue("charge", json!({"order": 42}), chain)
         .await
         .unwrap();
@@ -147,7 +139,7 @@ async fn fan_in_runs_the_child_once_after_every_parent_completed() {
     let env = TestEnv::new(QUEUES).await;
     let (h, runs) = recording();
     let worker = env.worker(&[("h", h)]).await;
-    let c = client(&env);
+    let c = env.client();
     for (id, ms) in [("a", 300), ("b", 900), ("c", 1500)] {
         c.enqueue("pdf", json!({ "hold_ms": ms }), opts(id))
             .await
@@ -197,7 +189,7 @@ async fn a_dead_parent_dead_letters_its_descendants_and_retrying_it_revives_them
     let env = TestEnv::new(QUEUES).await;
     let (h, runs) = recording();
     let worker = env.worker(&[("h", h)]).await;
-    let c = client(&env);
+    let c = env.client();
     c.enqueue(
         "charge",
         json!({"fail": true}),
@@ -268,7 +260,7 @@ async fn a_cancelled_pipeline_runs_nothing_more() {
     let env = TestEnv::new(QUEUES).await;
     let (h, runs) = recording();
     let worker = env.worker(&[("h", h)]).await;
-    let c = client(&env);
+    let c = env.client();
     c.enqueue(
         "charge",
         json!({"hold_ms": 60_000}),
@@ -482,7 +474,7 @@ async fn a_then_spec_postgresql_refuses_holds_up_no_other_chain() {
     let env = TestEnv::new(QUEUES).await;
     let (h, runs) = recording();
     let worker = env.worker(&[("h", h)]).await;
-    let c = client(&env);
+    let c = env.client();
     // Two parents complete together: one with a `then` the database cannot create (written
     // behind the validation's back), one with a good one; a child waits for both.
     for id in ["bad", "good"] {

@@ -6,8 +6,10 @@
 
 mod common;
 
+use common::with_id as opts;
+
 use common::{text, TestEnv};
-use jobwarden::client::{Client, EnqueueOptions, Then};
+use jobwarden::client::{EnqueueOptions, Then};
 use jobwarden::handler::{from_fn, JobError};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -57,17 +59,6 @@ async fn echo_app(bodies: Arc<Mutex<Vec<Value>>>) -> String {
     format!("http://{addr}/jobs")
 }
 
-fn client(env: &TestEnv) -> Client {
-    Client::new(env.store.clone(), env.broker.clone())
-}
-
-fn opts(id: &str) -> EnqueueOptions {
-    EnqueueOptions {
-        id: Some(id.into()),
-        ..Default::default()
-    }
-}
-
 async fn result_of(env: &TestEnv, id: &str) -> Option<Value> {
     env.store.job_get(id).await.unwrap().and_then(|j| j.result)
 }
@@ -91,7 +82,7 @@ handler = {{ kind = "http", url = "{url}" }}
     let (h, _) = rust_handler();
     let w = env.worker(&[("h", h)]).await;
     let charged = json!({"charge_id": "ch_42", "amount": 1999});
-    client(&env)
+    env.client()
         .enqueue(
             "charge",
             json!({"order": 42, "result": charged}),
@@ -114,11 +105,11 @@ handler = {{ kind = "http", url = "{url}" }}
     );
 
     // A job that follows none: no `parents` in the request, JOB_PARENTS unset.
-    client(&env)
+    env.client()
         .enqueue("email", json!({}), opts("alone"))
         .await
         .unwrap();
-    client(&env)
+    env.client()
         .enqueue("invoice", json!({}), opts("alone-exec"))
         .await
         .unwrap();
@@ -163,7 +154,7 @@ async fn a_fan_in_child_gets_every_parents_result_on_every_attempt_within_the_bo
     .await;
     let (h, seen) = rust_handler();
     let w = env.worker(&[("h", h)]).await;
-    let c = client(&env);
+    let c = env.client();
     let big = "x".repeat(70_000);
     for (id, result) in [
         ("a", json!({"n": 1})),
@@ -216,7 +207,7 @@ async fn a_keyed_queues_then_job_gets_its_parents_result_when_taken() {
     .await;
     let (h, seen) = rust_handler();
     let w = env.worker(&[("h", h)]).await;
-    client(&env)
+    env.client()
         .enqueue(
             "charge",
             json!({"result": {"paid": true}}),

@@ -98,6 +98,11 @@ impl TestEnv {
         }
     }
 
+    /// The Rust client on this environment's servers.
+    pub fn client(&self) -> jobwarden::client::Client {
+        jobwarden::client::Client::new(self.store.clone(), self.broker.clone())
+    }
+
     /// Starts a worker with the given Rust handlers registered by name.
     pub async fn worker(&self, handlers: &[(&str, Arc<dyn Handler>)]) -> RunningWorker {
         self.worker_with(self.config.clone(), handlers).await
@@ -797,6 +802,14 @@ pub async fn outcomes(store: &Store, id: &str) -> Vec<String> {
         .into_iter()
         .map(|a| a.outcome)
         .collect()
+}
+
+/// Enqueue options that name the job's id.
+pub fn with_id(id: &str) -> jobwarden::client::EnqueueOptions {
+    jobwarden::client::EnqueueOptions {
+        id: Some(id.into()),
+        ..Default::default()
+    }
 }
 
 /// Runs the `jobwarden` binary with extra environment variables and no standard input.
