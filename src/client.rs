@@ -443,20 +443,16 @@ fn renumbered(e: ClientError, before: usize) -> ClientError {
 
 /// `jobs[i]` in a bulk enqueue's error message as `jobs[i + before]`.
 pub fn member_renumbered(message: &str, before: usize) -> String {
-    let Some(at) = message.find("jobs[") else {
-        return message.to_string();
-    };
-    let digits = &message[at + 5..];
-    let end = digits.find(']').unwrap_or(0);
-    match digits[..end].parse::<usize>() {
-        Ok(i) => format!(
-            "{}jobs[{}]{}",
-            &message[..at],
-            i + before,
-            &digits[end + 1..]
-        ),
-        Err(_) => message.to_string(),
+    match member_of(message) {
+        Some(i) => message.replacen(&format!("jobs[{i}]"), &format!("jobs[{}]", i + before), 1),
+        None => message.to_string(),
     }
+}
+
+/// The member a bulk enqueue's error names (`jobs[i]`, from 1), if it names one.
+pub fn member_of(message: &str) -> Option<usize> {
+    let (_, rest) = message.split_once("jobs[")?;
+    rest.split_once(']')?.0.parse().ok()
 }
 
 fn spec_of(

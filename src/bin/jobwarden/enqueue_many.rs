@@ -52,11 +52,7 @@ fn read_specs(file: &str) -> Result<Vec<(usize, Value)>> {
 
 /// A refusal of `jobs[i]` (of the chunk whose first spec is `chunk[0]`) as its line.
 fn on_line(message: &str, chunk: &[(usize, Value)]) -> String {
-    let line = message
-        .split_once("jobs[")
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .and_then(|(n, _)| n.parse::<usize>().ok())
-        .and_then(|n| chunk.get(n.wrapping_sub(1)));
+    let line = jobwarden::client::member_of(message).and_then(|n| chunk.get(n.wrapping_sub(1)));
     match line {
         Some((line, _)) => format!("line {line}: {message}"),
         None => message.to_string(),
