@@ -139,6 +139,31 @@ proptest! {
         prop_assert_eq!(&rust, &sql, "door {} spec {}", door, text);
     }
 
+    /// The bulk door (`enqueue_many()`, version 29) judges each member as one enqueue: a
+    /// spec the contract refuses is refused naming `jobs[1].<field>`; one it accepts is
+    /// stored (then rolled back), or refused only for a parent that does not exist.
+    #[test]
+    fn enqueue_many_judges_each_member_as_the_contract_does(spec in spec(0, false)) {
+        let text = spec.to_string();
+        let rust = rust_verdict(&text, Door::Enqueue, None);
+        let bulk = format!(
+            "DO $jw$ BEGIN PERFORM * FROM enqueue_many(jsonb_build_array('{}'::jsonb)); \
+             RAISE EXCEPTION 'jw: accepted'; END $jw$",
+            text.replace('\'', "''")
+        );
+        let message = sql(&bulk, &[]).expect_err("the DO block always raises");
+        match rust {
+            Verdict::Accepted => prop_assert!(
+                message == "jw: accepted" || message.contains("which does not exist"),
+                "spec {} accepted by the contract, refused in bulk: {}", text, message
+            ),
+            Verdict::Refused(Some(f)) => prop_assert_eq!(
+                field_of(&message), Some(format!("jobs[1].{f}")), "spec {}: {}", text, message
+            ),
+            Verdict::Refused(None) => prop_assert_ne!(message, "jw: accepted"),
+        }
+    }
+
     #[test]
     fn rust_and_sql_read_durations_alike(text in duration_text()) {
         let rust = contract::parse_duration_ns(&text);
