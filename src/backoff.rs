@@ -119,6 +119,11 @@ pub enum Outcome {
     },
     /// Stopped by a graceful shutdown: give the job back without counting the attempt.
     Released,
+    /// The handler handed the work on: the job awaits a completion or failure from outside
+    /// until `deadline` (completion from outside).
+    Deferred {
+        deadline: Duration,
+    },
 }
 
 /// What the store should make of the job after an attempt.
@@ -135,13 +140,33 @@ pub enum Settlement {
     },
     /// Give the job back now, attempt refunded (graceful shutdown).
     Release,
+    /// Wait (as `awaiting`) up to `deadline` for a completion or failure from outside; a
+    /// failure or the deadline retries it after `retry` (or dead-letters it, when no attempts
+    /// are left).
+    Await {
+        deadline: Duration,
+        retry: Duration,
+    },
 }
 
 /// Makes an outcome storable in PostgreSQL: text with NUL characters (an exec's stderr, an
-/// HTTP body) gets them replaced, and a result jsonb cannot hold is kept as text instead.
+/// HTTP body) gets them replaced, a result jsonb cannot hold is kept as text instead, and a
+/// result over [`MAX_RESULT_BYTES`] is replaced by `{"omitted": "<why>"}`
+/// (the job did its work: it completes, without the result).
 pub fn storable(outcome: Outcome) -> Outcome {
     use crate::jsonb::{clean_text as clean, has_nul};
+    let max = MAX_RESULT_BYTES;
     match outcome {
+        Outcome::Success(Some(v)) if json_len(&v) > max => {
+            Outcome::Success(Some(serde_json::json!({
+                "omitted": format!(
+                    "the handler's result was {} bytes of JSON, over the limit of {max} bytes a \
+                     job stores; store a large result elsewhere (object storage, a table) and \
+                     return a reference to it",
+                    json_len(&v)
+                )
+            })))
+        }
         Outcome::Success(Some(v)) if has_nul(&v) => Outcome::Success(Some(serde_json::json!({
             "unstorable_result": clean(v.to_string())
         }))),
@@ -155,6 +180,26 @@ pub fn storable(outcome: Outcome) -> Outcome {
         other => other,
     }
 }
+
+/// The length of `v` as compact JSON text, counted without building the text.
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
+/// Largest result a job may store, as JSON text (the contract's `MAX_RESULT_BYTES`).
+pub const MAX_RESULT_BYTES: usize = 1024 * 1024;
 
 /// The longest a retry ever waits, and the longest delay anything may ask for (the
 /// contract's `MAX_DELAY_MS`): ten years, so `now() + LONGEST_DELAY_MS` fits a `timestamptz`
@@ -175,6 +220,12 @@ pub fn settle(
     match outcome {
         Outcome::Success(result) => Settlement::Complete(result),
         Outcome::Released => Settlement::Release,
+        Outcome::Deferred { deadline } => Settlement::Await {
+            deadline,
+            retry: backoff
+                .delay_jittered(attempt, jitter_unit)
+                .min(LONGEST_DELAY),
+        },
         Outcome::Permanent { error } => Settlement::Dead {
             error: format!("permanent error: {error}"),
         },
@@ -407,6 +458,33 @@ mod tests {
                     "jitter {jitter}, unit {unit}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_result_over_the_limit_is_replaced_by_why_and_a_deferral_keeps_its_deadline() {
+        let big = serde_json::json!({"blob": "x".repeat(MAX_RESULT_BYTES)});
+        let Outcome::Success(Some(v)) = storable(Outcome::Success(Some(big))) else {
+            panic!("still a success");
+        };
+        let why = v["omitted"].as_str().unwrap();
+        assert!(why.contains("over the limit of 1048576 bytes"), "{why}");
+        let fits = serde_json::json!({"blob": "x".repeat(MAX_RESULT_BYTES - 20)});
+        assert_eq!(
+            storable(Outcome::Success(Some(fits.clone()))),
+            Outcome::Success(Some(fits))
+        );
+        let e = b(BackoffKind::Fixed, 30);
+        let deadline = Duration::from_secs(900);
+        // The retry delay is computed even on the last attempt (the SQL then dead-letters).
+        for attempt in [1, 5] {
+            assert_eq!(
+                settle(Outcome::Deferred { deadline }, attempt, 5, &e, 0.5),
+                Settlement::Await {
+                    deadline,
+                    retry: Duration::from_secs(30)
+                }
+            );
         }
     }
 }

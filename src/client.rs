@@ -314,6 +314,35 @@ impl Client {
     }
 
     /// [`Client::enqueue_many_in`] in a transaction of its own.
+    /// Completes an awaiting job (its handler deferred it) with its attempt's token: what a
+    /// webhook receiver calls. `Ok(Err(..))` is a refusal (unknown job, a token not issued for
+    /// it, a stale attempt, past its deadline, cancelled, a result over the limit), recorded
+    /// in the job's attempts when it names an existing job. See [`crate::completion`].
+    pub async fn complete(
+        &self,
+        id: &str,
+        token: &str,
+        result: Option<&Value>,
+    ) -> Result<crate::store::EndResult, ClientError> {
+        Ok(self.store.complete_job(id, token, result, "client").await?)
+    }
+
+    /// Fails an awaiting job with its attempt's token: retried after its backoff (or
+    /// `retry_after`), dead when `permanent` or out of attempts.
+    pub async fn fail(
+        &self,
+        id: &str,
+        token: &str,
+        error: &str,
+        permanent: bool,
+        retry_after: Option<Duration>,
+    ) -> Result<crate::store::EndResult, ClientError> {
+        Ok(self
+            .store
+            .fail_job(id, token, error, permanent, retry_after, "client")
+            .await?)
+    }
+
     pub async fn enqueue_many(&self, jobs: &[BulkJob]) -> Result<Vec<String>, ClientError> {
         let mut conn = self.store.raw().await?;
         let tx = conn

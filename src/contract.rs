@@ -135,6 +135,11 @@ pub const MAX_DEPENDS_ON: usize = 100;
 /// Most jobs one bulk enqueue (`enqueue_many()`) takes; more go in several calls, in one
 /// transaction if they must be atomic.
 pub const MAX_ENQUEUE_MANY: usize = 100_000;
+/// Largest result a job may store, as JSON text: a completion from outside with a larger one
+/// is refused, a handler's larger result is replaced by `{"omitted": "<why>"}`.
+pub const MAX_RESULT_BYTES: usize = crate::backoff::MAX_RESULT_BYTES;
+/// Longest deadline a deferring handler may give (`Jobwarden-Defer`, `job.defer()`): 30 days.
+pub const MAX_DEFER_MS: i64 = 30 * DAY_MS;
 /// Longest duration text in a backoff (`"1h 30m"`), in bytes.
 pub const MAX_DURATION_TEXT: usize = 64;
 /// Most digits after a duration's decimal point (nanoseconds).
@@ -1349,6 +1354,7 @@ pub fn sql_values() -> Vec<(String, String)> {
         ("MAX_THEN_DEPTH", MAX_THEN_DEPTH.to_string()),
         ("MAX_DEPENDS_ON", MAX_DEPENDS_ON.to_string()),
         ("MAX_ENQUEUE_MANY", MAX_ENQUEUE_MANY.to_string()),
+        ("MAX_RESULT_BYTES", MAX_RESULT_BYTES.to_string()),
         ("MAX_DURATION_TEXT", MAX_DURATION_TEXT.to_string()),
         ("MAX_DURATION_DECIMALS", MAX_DURATION_DECIMALS.to_string()),
         ("MAX_DURATION_DIGITS", MAX_DURATION_DIGITS.to_string()),

@@ -36,17 +36,21 @@ pub enum JobStatus {
     Queued,
     Scheduled,
     Processing,
+    /// Its handler deferred it: it awaits a completion or failure from outside (with the
+    /// attempt's token) until its deadline (completion from outside).
+    Awaiting,
     Completed,
     Dead,
     Cancelled,
 }
 
 impl JobStatus {
-    pub const ALL: [JobStatus; 7] = [
+    pub const ALL: [JobStatus; 8] = [
         JobStatus::Waiting,
         JobStatus::Queued,
         JobStatus::Scheduled,
         JobStatus::Processing,
+        JobStatus::Awaiting,
         JobStatus::Completed,
         JobStatus::Dead,
         JobStatus::Cancelled,
@@ -58,6 +62,7 @@ impl JobStatus {
             JobStatus::Queued => "queued",
             JobStatus::Scheduled => "scheduled",
             JobStatus::Processing => "processing",
+            JobStatus::Awaiting => "awaiting",
             JobStatus::Completed => "completed",
             JobStatus::Dead => "dead",
             JobStatus::Cancelled => "cancelled",
@@ -88,8 +93,12 @@ impl JobStatus {
                 | (Processing, Scheduled)
                 | (Processing, Queued)
                 | (Processing, Dead)
+                | (Processing, Awaiting)
+                | (Awaiting, Completed)
+                | (Awaiting, Scheduled)
+                | (Awaiting, Dead)
                 | (Dead, Queued)
-                | (Queued | Scheduled | Processing, Cancelled)
+                | (Queued | Scheduled | Processing | Awaiting, Cancelled)
         )
     }
 }

@@ -19,6 +19,7 @@ pub mod backoff;
 pub mod broker;
 pub mod causes;
 pub mod client;
+pub mod completion;
 pub mod config;
 pub mod contract;
 pub mod cron;

@@ -323,6 +323,7 @@ async fn a_group_of_completions_is_settled_as_the_general_settle_would_and_stays
         lease,
         status: JobStatus::Completed,
         delay: Duration::ZERO,
+        retry: Duration::ZERO,
         error: None,
         result,
         outcome: "completed",

@@ -190,7 +190,8 @@ proptest! {
         b in common::generators::backoff(),
         attempt in prop_oneof![1u32..5, Just(u32::MAX - 1), 0u32..2000],
         max in prop_oneof![1u32..5, 1u32..1001],
-        kind in 0u8..4,
+        kind in 0u8..5,
+        deadline_ms in 1u64..=jobwarden::contract::MAX_DEFER_MS as u64,
         retry_after_ms in prop::option::of(prop_oneof![0u64..10_000, Just(u64::MAX)]),
         unit in 0.0f64..1.0,
     ) {
@@ -200,6 +201,7 @@ proptest! {
             0 => Outcome::Success(Some(json!({"ok": true}))),
             1 => Outcome::Permanent { error: "no".into() },
             2 => Outcome::Released,
+            3 => Outcome::Deferred { deadline: Duration::from_millis(deadline_ms) },
             _ => Outcome::Retry { error: "again".into(), retry_after: retry_after_ms.map(Duration::from_millis) },
         };
         match settle(outcome, attempt, max, &backoff, unit) {
@@ -209,6 +211,11 @@ proptest! {
                 let _ = std::time::Instant::now() + delay;
             }
             Settlement::Dead { error } => prop_assert!(!error.is_empty()),
+            Settlement::Await { deadline, retry } => {
+                prop_assert_eq!(deadline, Duration::from_millis(deadline_ms));
+                prop_assert!(retry <= LONGEST_DELAY);
+                let _ = std::time::Instant::now() + deadline + retry;
+            }
             Settlement::Complete(_) | Settlement::Release => {}
         }
     }

@@ -4,8 +4,9 @@
 //! `JOB_ATTEMPT`…, and `JOB_PARENTS`: the results of the jobs it follows, as JSON), progress
 //! comes back as JSON lines on stdout
 //! (`{"progress":0.4,"stage":"clone"}`), and a `{"result":…}` line sets the job's result.
-//! Exit 0 succeeds, [`EXIT_PERMANENT`] (65, `EX_DATAERR`) fails for good, anything else is
-//! retried. The command runs in its own process group so that on timeout or cancellation
+//! Exit 0 succeeds, [`EXIT_PERMANENT`] (65, `EX_DATAERR`) fails for good,
+//! [`EXIT_DEFERRED`] (202) after a `{"defer":"10m"}` line defers the job (it awaits a
+//! completion from outside with `JOB_COMPLETION_TOKEN`), anything else is retried. The command runs in its own process group so that on timeout or cancellation
 //! the whole tree can be stopped: SIGTERM, [`KILL_GRACE`], then SIGKILL.
 
 use super::{Handler, HandlerResult, JobContext, JobError, Progress};
@@ -23,6 +24,10 @@ use tokio::sync::mpsc;
 
 /// Exit code meaning "this job can never succeed" (`EX_DATAERR` from sysexits.h).
 pub const EXIT_PERMANENT: i32 = 65;
+/// Exit code meaning "accepted, the outcome will be reported from outside" (HTTP's `202`):
+/// the command printed `{"defer": "<deadline>"}` on stdout, and the job awaits a completion
+/// or failure with its `JOB_COMPLETION_TOKEN` until then (see [`crate::completion`]).
+pub const EXIT_DEFERRED: i32 = 202;
 /// Time between SIGTERM and SIGKILL when a command must stop.
 pub const KILL_GRACE: Duration = Duration::from_secs(5);
 /// How much of stderr is kept for the error message.
@@ -84,6 +89,7 @@ impl ExecHandler {
             .env("JOB_MAX_ATTEMPTS", job.max_attempts.to_string())
             .env("JOBWARDEN_API", &job.api_base)
             .env("JOB_PROGRESS_URL", job.progress_url())
+            .env("JOB_COMPLETION_TOKEN", &job.completion_token)
             .process_group(0) // its own group, id = its pid
             .kill_on_drop(true)
             .stdin(Stdio::piped())
@@ -182,10 +188,24 @@ impl Handler for ExecHandler {
                     tokio::time::timeout(DRAIN_GRACE, &mut stdout_task),
                     tokio::time::timeout(DRAIN_GRACE, &mut stderr_task),
                 );
-                let result = result.ok().and_then(Result::ok).flatten();
+                let lines = result.ok().and_then(Result::ok).unwrap_or_default();
                 let tail = tail.ok().and_then(Result::ok).unwrap_or_default();
                 let tail = crate::redact::known(&self.secrets.scrub(&tail)).into_owned();
-                exit_outcome(status, result, &tail)
+                match (status.code(), lines.defer) {
+                    (Some(EXIT_DEFERRED), Some(deadline)) => {
+                        match crate::completion::parse_deadline(&deadline) {
+                            Ok(d) => job.defer(d),
+                            Err(e) => {
+                                Err(JobError::retry(format!("exit code {EXIT_DEFERRED}: {e}")))
+                            }
+                        }
+                    }
+                    (Some(EXIT_DEFERRED), None) => Err(JobError::retry(format!(
+                        "exit code {EXIT_DEFERRED} defers the job, but the command printed no \
+                         deadline: print a {{\"defer\": \"10m\"}} line on stdout before exiting"
+                    ))),
+                    _ => exit_outcome(status, lines.result, &tail),
+                }
             }
             Err(message) => {
                 // A lost attempt (the job may run elsewhere soon) gets a shorter grace.
@@ -271,23 +291,36 @@ fn exit_outcome(status: ExitStatus, result: Option<Value>, stderr: &str) -> Hand
     }
 }
 
+/// What a command's stdout said besides progress.
+#[derive(Debug, Default)]
+struct Lines {
+    /// The last `{"result": …}`.
+    result: Option<Value>,
+    /// The last `{"defer": "<deadline>"}` (a string, or a number of seconds).
+    defer: Option<String>,
+}
+
 /// Reads stdout line by line: a non-empty object with only `progress`/`stage`/`message`
-/// keys goes to `progress`; the last `{"result": …}` (that key alone) is returned; other
-/// lines are plain output.
-async fn read_lines(
-    out: impl AsyncRead + Unpin,
-    progress: mpsc::Sender<Progress>,
-) -> Option<Value> {
-    let (mut out, mut buf, mut result) = (BufReader::new(out), Vec::new(), None);
+/// keys goes to `progress`; the last `{"result": …}` and `{"defer": …}` (each that key alone)
+/// are returned; other lines are plain output.
+async fn read_lines(out: impl AsyncRead + Unpin, progress: mpsc::Sender<Progress>) -> Lines {
+    let (mut out, mut buf, mut lines) = (BufReader::new(out), Vec::new(), Lines::default());
     loop {
         buf.clear();
         match (&mut out).take(MAX_LINE).read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return result,
+            Ok(0) | Err(_) => return lines,
             Ok(_) => {}
         }
         let report = match serde_json::from_slice::<Value>(&buf) {
             Ok(Value::Object(mut o)) if o.len() == 1 && o.contains_key("result") => {
-                result = o.remove("result");
+                lines.result = o.remove("result");
+                continue;
+            }
+            Ok(Value::Object(o)) if o.len() == 1 && o.contains_key("defer") => {
+                lines.defer = o.get("defer").map(|d| match d {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
                 continue;
             }
             // `Progress` denies unknown fields.
@@ -405,6 +438,22 @@ mod tests {
         job.traceparent = Some("tp".into());
         let expected = json!("job-1 builds 1 1 http://127.0.0.1:0 tp extra");
         assert_eq!(run_in(env, &mut job, 10_000).await, Ok(Some(expected)));
+    }
+
+    #[tokio::test]
+    async fn exit_202_defers_with_the_deadline_printed_and_the_token_in_the_environment() {
+        let ctx = job();
+        let script =
+            r#"[ -n "$JOB_COMPLETION_TOKEN" ] || exit 3; echo '{"defer": "15m"}'; exit 202"#;
+        let res = ExecHandler::new(&["sh".into(), "-c".into(), script.into()], &BTreeMap::new())
+            .handle(&ctx)
+            .await;
+        assert_eq!(res, Ok(None));
+        assert_eq!(ctx.deferred(), Some(Duration::from_secs(900)));
+        let res = run("exit 202").await.unwrap_err();
+        assert!(res.to_string().contains("printed no deadline"), "{res}");
+        let res = run(r#"echo '{"defer": 0}'; exit 202"#).await.unwrap_err();
+        assert!(res.to_string().contains("out of range"), "{res}");
     }
 
     #[tokio::test]

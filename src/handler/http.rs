@@ -1,9 +1,11 @@
 //! The `http` handler: POST each job as JSON to the application's local URL (`id`, `queue`,
-//! `attempt`, `max_attempts`, `payload`, `progress_url`, and `parents`: the results of the
-//! jobs it follows, when it follows any).
+//! `attempt`, `max_attempts`, `payload`, `progress_url`, `completion_token`, and `parents`:
+//! the results of the jobs it follows, when it follows any).
 //!
 //! Status codes decide the outcome: 2xx succeeds (a JSON body becomes the job's result),
-//! 408, 429 and 5xx are worth a retry (429/503 may say when, with `Retry-After`), any
+//! except a `202` with a `Jobwarden-Defer: <deadline>` header, which defers the job: it awaits
+//! a completion or failure from outside with the request's `completion_token` (see
+//! [`crate::completion`]); 408, 429 and 5xx are worth a retry (429/503 may say when, with `Retry-After`), any
 //! other 4xx is permanent. Timeouts, cancellation and transport errors (the application
 //! is down or restarting) are retried: the job must never be lost to an outage.
 //!
@@ -45,6 +47,8 @@ struct JobRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     parents: Option<&'a Value>,
     progress_url: String,
+    /// Completes or fails this attempt from outside once the response deferred it.
+    completion_token: &'a str,
 }
 
 impl HttpHandler {
@@ -92,6 +96,7 @@ impl HttpHandler {
             payload: &job.payload,
             parents: job.parents.as_ref(),
             progress_url: job.progress_url(),
+            completion_token: &job.completion_token,
         })?;
         let deadline_ms = u64::try_from(job.timeout.as_millis()).unwrap_or(u64::MAX);
         let mut req = origin.post(body.len());
@@ -171,6 +176,18 @@ impl Handler for HttpHandler {
         };
         match res {
             Err(_elapsed) => Err(timed_out(job.timeout)),
+            Ok(Ok(Response {
+                status: 202,
+                defer: Some(deadline),
+                ..
+            })) => match crate::completion::parse_deadline(&deadline) {
+                Ok(d) => job.defer(d),
+                Err(e) => Err(JobError::retry(format!(
+                    "HTTP 202 from {} with {}: {e}",
+                    self.shown,
+                    crate::completion::DEFER_HEADER
+                ))),
+            },
             Ok(Ok(r)) => self.outcome(r.status, r.retry_after, &r.body),
             Ok(Err(e)) => Err(JobError::retry(format!(
                 "request to {} failed: {} (is the application running?)",
@@ -267,8 +284,25 @@ mod tests {
             "id": "job-1", "queue": "emails", "attempt": 2, "max_attempts": 5,
             "payload": {"to": "a@b.c"},
             "progress_url": "http://127.0.0.1:7433/v1/jobs/job-1/progress?lease=1",
+            "completion_token": job().completion_token,
         });
         assert_eq!(serde_json::from_str::<Value>(body).unwrap(), expected);
+
+        // A 202 with Jobwarden-Defer defers the job (a plain 202 succeeds, below).
+        let (url, _s) = serve(
+            "202 Accepted",
+            "Jobwarden-Defer: 10m\r\n",
+            "{}",
+            Duration::ZERO,
+        )
+        .await;
+        let ctx = job();
+        assert_eq!(call(&url, &ctx).await, Ok(None));
+        assert_eq!(ctx.deferred(), Some(Duration::from_secs(600)));
+        let (url, _s) = serve("202 Accepted", "", "{}", Duration::ZERO).await;
+        let ctx = job();
+        assert_eq!(call(&url, &ctx).await, Ok(Some(json!({}))));
+        assert_eq!(ctx.deferred(), None);
 
         // No body, or not JSON: success without a result.
         let (url, _s) = serve("204 No Content", "", "", Duration::ZERO).await;

@@ -59,6 +59,8 @@ pub(super) struct Response {
     pub status: u16,
     /// `Retry-After` in seconds, when the server sent the numeric form.
     pub retry_after: Option<Duration>,
+    /// `Jobwarden-Defer` as sent (a `202` with it defers the job).
+    pub defer: Option<String>,
     pub body: Vec<u8>,
 }
 

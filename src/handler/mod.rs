@@ -48,6 +48,9 @@ pub struct AttemptControl {
     kill_grace_ms: AtomicU64,
     /// The grace used when the attempt is lost (shorter: the job may run elsewhere soon).
     lost_grace: Duration,
+    /// The deadline the handler deferred its job with ([`JobContext::defer`]), in ms; 0
+    /// while it has not.
+    deferred_ms: AtomicU64,
 }
 
 impl AttemptControl {
@@ -57,6 +60,7 @@ impl AttemptControl {
             reason: AtomicU8::new(0),
             kill_grace_ms: AtomicU64::new(exec::KILL_GRACE.as_millis() as u64),
             lost_grace,
+            deferred_ms: AtomicU64::new(0),
         }
     }
 
@@ -92,6 +96,14 @@ impl AttemptControl {
         &self.cancel
     }
 
+    /// The deadline the handler deferred its job with, if it did.
+    pub fn deferred(&self) -> Option<Duration> {
+        match self.deferred_ms.load(Ordering::SeqCst) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
     /// How long an exec handler's process group gets between SIGTERM and SIGKILL now.
     pub fn kill_grace(&self) -> Duration {
         Duration::from_millis(self.kill_grace_ms.load(Ordering::SeqCst))
@@ -125,6 +137,11 @@ pub struct JobContext {
     /// The fencing token of this attempt: progress reports name it, so a report from an
     /// attempt that was stopped never counts for a later one.
     pub lease: i64,
+    /// The token that completes or fails this attempt from outside once the handler has
+    /// deferred it ([`JobContext::defer`]): `<lease>.<32 hex digits>`. Pass it to whatever
+    /// will report the outcome (a payment provider's webhook, an approval link); see
+    /// [`crate::completion`].
+    pub completion_token: String,
     pub(crate) control: Arc<AttemptControl>,
     pub(crate) progress: Arc<dyn ProgressSink>,
 }
@@ -161,6 +178,43 @@ impl JobContext {
         )
     }
 
+    /// Defers the job: the handler has handed the work to something that will report its
+    /// outcome later, with [`JobContext::completion_token`], through `complete` or `fail`
+    /// (the local API's `POST /v1/jobs/<id>/complete`, SQL `complete(id, token, result)`,
+    /// `jobwarden jobs complete`, [`crate::Client::complete`]). Return what this returns:
+    ///
+    /// ```ignore
+    /// start_payment(&job.payload, &job.completion_token).await?;
+    /// return job.defer(Duration::from_secs(900));
+    /// ```
+    ///
+    /// The job becomes `awaiting`: its slot is freed, its message acked, no heartbeat is
+    /// needed. If neither comes within `deadline` (at most 30 days), it is retried or
+    /// dead-lettered by its policy. A deadline out of range is an error worth a retry.
+    pub fn defer(&self, deadline: Duration) -> HandlerResult {
+        let deadline = crate::completion::check_deadline(deadline).map_err(JobError::retry)?;
+        let ms = u64::try_from(deadline.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.control.deferred_ms.store(ms, Ordering::SeqCst);
+        Ok(None)
+    }
+
+    /// The deadline this attempt was deferred with, once [`JobContext::defer`] was called.
+    pub fn deferred(&self) -> Option<Duration> {
+        self.control.deferred()
+    }
+
+    /// Where the outcome of this attempt is reported once it has deferred (the local API):
+    /// `<api>/v1/jobs/<id>/complete` (and `.../fail`); the body names the token.
+    pub fn complete_url(&self) -> String {
+        format!(
+            "{}/v1/jobs/{}/complete",
+            self.api_base.trim_end_matches('/'),
+            path_segment(&self.id)
+        )
+    }
+
     /// Idempotency key for side effects of this attempt: `<job id>` is stable across retries.
     pub fn idempotency_key(&self) -> &str {
         &self.id
@@ -189,6 +243,7 @@ impl JobContext {
             worker_id: "detached".into(),
             cancel: control.token().clone(),
             lease: 1,
+            completion_token: crate::completion::CompletionKey::unusable().token(id, 1),
             control,
             progress: Arc::new(Nowhere),
         }

@@ -48,6 +48,7 @@ impl BulkAction {
                 JobStatus::Queued,
                 JobStatus::Scheduled,
                 JobStatus::Processing,
+                JobStatus::Awaiting,
             ],
             BulkAction::Retry => &[JobStatus::Dead],
             BulkAction::Discard => &[JobStatus::Dead, JobStatus::Cancelled],

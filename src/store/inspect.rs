@@ -36,6 +36,9 @@ pub struct JobRow {
     pub expires_at: Option<String>,
     /// What groups it with other jobs (a customer, a tenant), if it has a key.
     pub key: Option<String>,
+    /// An awaiting job's deadline (its handler deferred it; version 31). Kept after the
+    /// attempt ends.
+    pub await_until: Option<String>,
 }
 
 /// One attempt of a job.
@@ -77,6 +80,7 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
         pipeline: r.get(20),
         expires_at: r.get(21),
         key: r.get(22),
+        await_until: r.get(23),
     }
 }
 
@@ -533,7 +537,7 @@ mod tests {
         };
         let get = columns(crate::store::sql::JOB_GET);
         assert!(
-            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), key"),
+            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), key, to_char(await_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"),
             "{get}"
         );
         assert_eq!(columns(crate::store::sql::JOB_LIST), get);

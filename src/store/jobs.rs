@@ -305,13 +305,14 @@ impl Store {
             let errors: Vec<Option<&str>> = batch.iter().map(|s| s.error.as_deref()).collect();
             let outcomes: Vec<&str> = batch.iter().map(|s| s.outcome).collect();
             let refunds: Vec<i32> = batch.iter().map(|s| i32::from(s.refund)).collect();
+            let retries: Vec<i64> = batch.iter().map(|s| ms(s.retry)).collect();
             let st = client.prepare_cached(sql::JOB_SETTLE).await?;
             client
                 .query(
                     &st,
                     &[
                         &worker_id, &ids, &leases, &statuses, &delays, &errors, &results,
-                        &outcomes, &refunds,
+                        &outcomes, &refunds, &retries,
                     ],
                 )
                 .await?

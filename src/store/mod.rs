@@ -7,6 +7,7 @@
 
 mod bulk;
 mod chain;
+mod completion;
 mod cron;
 mod dashboard;
 mod flow;
@@ -29,6 +30,7 @@ pub mod sql {
 }
 pub use bulk::{parse_when, BulkAction, BulkFilter, BulkReport, BULK_BATCH};
 pub use chain::{ChainRound, PipelineJob};
+pub use completion::{EndResult, Expired};
 pub use dashboard::{
     Bounded, JobFilter, JobSummary, QueueOverview, ScheduledJob, DASHBOARD_QUERY_LIMIT,
 };
@@ -302,7 +304,10 @@ pub struct SettleInput {
     pub id: String,
     pub lease: i64,
     pub status: JobStatus,
+    /// A retry's delay; an `awaiting` job's deadline.
     pub delay: Duration,
+    /// An `awaiting` job's retry delay, should it fail or reach its deadline.
+    pub retry: Duration,
     pub error: Option<String>,
     pub result: Option<Value>,
     /// What the attempts table says of this attempt (`completed`, `retry`, `dead`, …).

@@ -34,6 +34,8 @@ pub struct JobView {
     pub finished_at: Option<String>,
     /// Not started by then, it never runs; `expired` says it ended so.
     pub expires_at: Option<String>,
+    /// An awaiting job's deadline: completed or failed from outside by then, or retried.
+    pub awaiting_until: Option<String>,
     pub idempotency_key: Option<String>,
     /// What groups it with other jobs (a customer, a tenant), if it has a key.
     pub key: Option<String>,
@@ -106,7 +108,7 @@ impl JobView {
         let state = JobStatus::parse(&job.status);
         let progress = progress_text(&job);
         let worker = job.worker_id.map(|id| WorkerLine {
-            label: if state == Some(JobStatus::Processing) {
+            label: if matches!(state, Some(JobStatus::Processing | JobStatus::Awaiting)) {
                 "owner"
             } else {
                 "last worker"
@@ -138,6 +140,9 @@ impl JobView {
             last_activity_at: job.last_activity_at,
             finished_at: job.completed_at,
             expires_at: job.expires_at,
+            awaiting_until: job
+                .await_until
+                .filter(|_| state == Some(JobStatus::Awaiting)),
             idempotency_key: job.idempotency_key,
             key: job.key,
             pipeline: job.pipeline,
@@ -181,6 +186,7 @@ impl JobView {
             ("last activity", self.last_activity_at.as_deref()),
             ("finished", self.finished_at.as_deref()),
             (self.expiry_label(), self.expires_at.as_deref()),
+            ("awaiting until", self.awaiting_until.as_deref()),
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k, v?)))
@@ -244,6 +250,9 @@ pub fn format_job(v: &JobView) -> String {
     if let Some(e) = &v.expires_at {
         lines.push((v.expiry_label(), e.clone()));
     }
+    if let Some(d) = &v.awaiting_until {
+        lines.push(("awaiting until", d.clone()));
+    }
     lines.push(("payload", v.payload.to_string()));
     if let Some(r) = &v.result {
         lines.push(("result", r.to_string()));
@@ -299,6 +308,7 @@ mod tests {
             pipeline: None,
             expires_at: None,
             key: None,
+            await_until: None,
         }
     }
 

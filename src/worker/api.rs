@@ -6,6 +6,12 @@
 //!   alive. `200` recorded; `404` that attempt does not run here (any more); `409` taken from
 //!   this worker (stop work); `400` malformed body or no lease. A report from an attempt that
 //!   was stopped never counts for a later attempt of the same job.
+//! - `POST /v1/jobs/{id}/complete` `{"token": "<completion_token>", "result": …}` and
+//!   `POST /v1/jobs/{id}/fail` `{"token": "…", "error": "…", "permanent": false,
+//!   "retry_after": "30s"}` — end an awaiting job (its handler deferred it) from outside, on
+//!   any worker: `200 {"status": …}`; `404` unknown job; `403` a token not issued for it;
+//!   `409` an attempt that cannot be ended so (stale, not deferred, cancelled, past its
+//!   deadline, ended); `413` a result over the limit (see [`crate::completion`]).
 //! - `POST /v1/drain` (here and on the ops listener) — stop taking jobs, let running ones
 //!   finish within `worker.shutdown_grace`, give back the rest; answers when done with
 //!   `{"finished": n, "released": m}`. The process keeps running, for a stop signal that
@@ -47,6 +53,9 @@ use tracing::info;
 
 /// The largest progress report accepted (progress, stage and message fit in far less).
 pub(crate) const PROGRESS_BODY_LIMIT: usize = 16 * 1024;
+/// The largest completion accepted: a result of the contract's largest size, a token, and
+/// room for JSON's escapes (a larger result is refused by `complete()` with its size).
+pub(crate) const COMPLETION_BODY_LIMIT: usize = 2 * crate::contract::MAX_RESULT_BYTES + 64 * 1024;
 
 /// The header (and its value) that lets a `GET /v1/drain` drain: what a Kubernetes `preStop`
 /// hook sends (`httpGet.httpHeaders`). Header names are case-insensitive.
@@ -59,6 +68,8 @@ pub(crate) async fn serve(
 ) {
     let app = ops_routes()
         .route("/v1/jobs/{id}/progress", post(progress))
+        .route("/v1/jobs/{id}/complete", post(complete))
+        .route("/v1/jobs/{id}/fail", post(fail))
         .with_state(shared);
     listener::serve("local API", listener, app, cancel).await;
 }
@@ -154,6 +165,136 @@ async fn progress(
             ),
         ),
     }
+}
+
+/// `POST /v1/jobs/{id}/complete` `{"token": "<completion_token>", "result": <any JSON>}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    token: String,
+    #[serde(default)]
+    result: Option<serde_json::Value>,
+}
+
+/// `POST /v1/jobs/{id}/fail` `{"token": "…", "error": "…", "permanent": false,
+/// "retry_after": "30s"}` (all but the token optional).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailBody {
+    token: String,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    permanent: bool,
+    /// Seconds, or a duration (`30s`, `5m`); none: the queue's backoff.
+    #[serde(default)]
+    retry_after: Option<serde_json::Value>,
+}
+
+/// A body that is not what the route takes: `400` naming the route's fields.
+fn bad_body(route: &str, fields: &str, e: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"error": format!("{route}: the body must be a JSON object {fields}: {e}")})),
+    )
+        .into_response()
+}
+
+/// What a completion or failure from outside came to, as the API answers it.
+fn ended(id: &str, answer: Result<crate::store::EndResult, crate::store::StoreError>) -> Response {
+    match answer {
+        Ok(Ok(how)) => (
+            StatusCode::OK,
+            Json(json!({"id": id, "status": how.as_str()})),
+        )
+            .into_response(),
+        Ok(Err(refused)) => (
+            StatusCode::from_u16(refused.refusal.http_status()).unwrap_or(StatusCode::CONFLICT),
+            Json(json!({"error": refused.message})),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": format!("{e}; nothing was changed: try again")})),
+        )
+            .into_response(),
+    }
+}
+
+/// `POST /v1/jobs/{id}/complete`: completes an awaiting job (one whose handler deferred it)
+/// with the attempt's token, on any worker (the write is checked and fenced in PostgreSQL).
+/// `200 {"status": "completed"}` (or `"already completed"` for a repeat with the same token);
+/// `404` no such job; `403` a token not issued for it; `409` its attempt cannot be completed
+/// (stale token, not deferred, cancelled, past its deadline, ended); `413` a result over the
+/// limit; `400` a malformed body. Refusals of a token are recorded in the job's attempts.
+async fn complete(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    LimitedBody(body): LimitedBody<COMPLETION_BODY_LIMIT>,
+) -> Response {
+    let req: CompleteBody =
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => return bad_body(
+                "POST /v1/jobs/<id>/complete",
+                "{\"token\": \"<the attempt's completion_token>\", \"result\": <optional JSON>}",
+                e,
+            ),
+        };
+    let who = format!("api:{}", shared.worker_id);
+    let answer = shared
+        .store
+        .complete_job(&id, &req.token, req.result.as_ref(), &who)
+        .await;
+    ended(&id, answer)
+}
+
+/// `POST /v1/jobs/{id}/fail`: fails an awaiting job: retried after its backoff (or
+/// `retry_after`), dead when `permanent` or out of attempts. Answers as `complete` does
+/// (`"status"`: `retry scheduled`, `dead`, or `already failed`).
+async fn fail(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    LimitedBody(body): LimitedBody<PROGRESS_BODY_LIMIT>,
+) -> Response {
+    const FIELDS: &str =
+        "{\"token\": \"…\", \"error\": \"why\", \"permanent\": false, \"retry_after\": \"30s\"}";
+    let route = "POST /v1/jobs/<id>/fail";
+    let req: FailBody = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_body(route, FIELDS, e),
+    };
+    let retry_after = match &req.retry_after {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Number(n)) => match n.as_u64() {
+            Some(s) => Some(std::time::Duration::from_secs(s)),
+            None => {
+                return bad_body(
+                    route,
+                    FIELDS,
+                    format!("retry_after {n} is not a whole number of seconds"),
+                )
+            }
+        },
+        Some(serde_json::Value::String(t)) => match humantime::parse_duration(t) {
+            Ok(d) => Some(d),
+            Err(e) => return bad_body(route, FIELDS, format!("retry_after {t:?}: {e}")),
+        },
+        Some(other) => {
+            return bad_body(
+                route,
+                FIELDS,
+                format!("retry_after {other} is not seconds or a duration"),
+            )
+        }
+    };
+    let who = format!("api:{}", shared.worker_id);
+    let error = req.error.unwrap_or_default();
+    let answer = shared
+        .store
+        .fail_job(&id, &req.token, &error, req.permanent, retry_after, &who)
+        .await;
+    ended(&id, answer)
 }
 
 /// `POST /v1/drain` (and the `preStop` hook's GET): drains, answers when done, and arms the

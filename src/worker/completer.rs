@@ -222,6 +222,10 @@ impl Completer {
             }
             m.duration.observe(f.elapsed.as_secs_f64());
             match input.status {
+                JobStatus::Awaiting => {
+                    Stats::add(&stats.deferred, 1);
+                    m.deferred.inc();
+                }
                 JobStatus::Completed => {
                     Stats::add(&stats.completed, 1);
                     m.completed.inc();
@@ -288,6 +292,7 @@ impl Completer {
                     input = SettleInput {
                         status: JobStatus::Dead,
                         delay: Duration::ZERO,
+                        retry: Duration::ZERO,
                         result: None,
                         error: Some(format!(
                             "PostgreSQL refused to settle this attempt ({reason}); dead-lettered \
@@ -316,6 +321,7 @@ impl Completer {
             lease: f.lease,
             status: JobStatus::Completed,
             delay: Duration::ZERO,
+            retry: Duration::ZERO,
             error: None,
             result: None,
             outcome: "completed",
@@ -340,6 +346,13 @@ impl Completer {
                 status: JobStatus::Scheduled,
                 outcome: "released",
                 refund: true,
+                ..base
+            },
+            Settlement::Await { deadline, retry } => SettleInput {
+                status: JobStatus::Awaiting,
+                delay: deadline,
+                retry,
+                outcome: "deferred",
                 ..base
             },
         }

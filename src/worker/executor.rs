@@ -65,6 +65,7 @@ pub(crate) async fn execute(
         worker_id: shared.worker_id.clone(),
         cancel: control.token().clone(),
         lease: job.lease,
+        completion_token: shared.completion_key.token(&job.id, job.lease),
         control: control.clone(),
         progress: Arc::new(WorkerProgress(shared.clone())),
     };
@@ -99,7 +100,7 @@ pub(crate) async fn execute(
         );
         loop {
             tokio::select! {
-                res = &mut run => break Some(outcome_of(res)),
+                res = &mut run => break Some(outcome_of(res, &control)),
                 _ = control.token().cancelled() => {
                     let shutdown = control.stopped() == Some(Stop::Shutdown);
                     // The handler saw the cancel too (exec sends its process group TERM, then
@@ -108,7 +109,7 @@ pub(crate) async fn execute(
                     let mut late = None;
                     if shutdown || handler.enforces_timeout() {
                         if let Ok(res) = tokio::time::timeout(RELEASE_WAIT, &mut run).await {
-                            late = Some(outcome_of(res));
+                            late = Some(outcome_of(res, &control));
                         }
                     }
                     // Shutdown: give the job back (unless it finished meanwhile). Lost: a
@@ -131,10 +132,12 @@ pub(crate) async fn execute(
     };
     // A handler that noticed the cancel may have returned an error before the executor saw
     // the cancel itself: what counts is why the attempt was stopped.
-    // A lost attempt's own error (it saw the cancel) is no result; only a success that came
-    // in anyway goes on, to be recorded as a late result the fence rejects.
+    // A lost attempt's own error (it saw the cancel) is no result; only a success (or a
+    // deferral: the work went on elsewhere) that came in anyway goes on, to be recorded as a
+    // late result the fence rejects.
     let outcome = match (control.stopped(), outcome) {
         (_, Some(Outcome::Success(r))) => Some(Outcome::Success(r)),
+        (_, Some(Outcome::Deferred { deadline })) => Some(Outcome::Deferred { deadline }),
         (Some(Stop::Shutdown), _) => Some(Outcome::Released),
         (Some(Stop::Lost), _) => None,
         (None, other) => other,
@@ -164,12 +167,17 @@ pub(crate) async fn execute(
     }
 }
 
-/// What a handler's (panic-guarded) future produced.
+/// What a handler's (panic-guarded) future produced: a success after `job.defer()` is a
+/// deferral.
 fn outcome_of(
     res: Result<crate::handler::HandlerResult, Box<dyn std::any::Any + Send>>,
+    control: &crate::handler::AttemptControl,
 ) -> Outcome {
     match res {
-        Ok(Ok(result)) => Outcome::Success(result),
+        Ok(Ok(result)) => match control.deferred() {
+            Some(deadline) => Outcome::Deferred { deadline },
+            None => Outcome::Success(result),
+        },
         Ok(Err(e)) => e.into(),
         Err(panic) => Outcome::Retry {
             error: format!(

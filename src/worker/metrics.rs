@@ -90,6 +90,8 @@ pub(crate) struct QueueMetrics {
     pub retried: Counter,
     pub dead: Counter,
     pub released: Counter,
+    /// Attempts whose handler deferred the job (it awaits completion from outside).
+    pub deferred: Counter,
     /// How long attempts ran.
     pub duration: Histogram,
     /// From the message being stored in the stream to its attempt's start.
@@ -124,6 +126,15 @@ impl Metrics {
         })
     }
 
+    /// The jobs counter of `queue` and `outcome`, for jobs of any queue this worker ended
+    /// without running them (an awaiting job's completion, failure or deadline).
+    pub fn outcome(&self, queue: &str, outcome: &str) -> Counter {
+        self.jobs.get_or_create_owned(&QueueOutcome {
+            queue: queue.to_string(),
+            outcome: outcome.to_string(),
+        })
+    }
+
     /// `n` jobs of `queue` and `status` pruned.
     pub fn pruned(&self, queue: &str, status: &str, n: u64) {
         self.pruned
@@ -155,6 +166,7 @@ impl Metrics {
             retried: outcome("retried"),
             dead: outcome("dead"),
             released: outcome("released"),
+            deferred: outcome("deferred"),
             duration: self.duration.get_or_create_owned(&q),
             wait: self.wait.get_or_create_owned(&q),
             flow_waits: self.flow_waits.get_or_create_owned(&q),

@@ -100,6 +100,8 @@ pub enum WorkerError {
 pub struct Stats {
     pub claimed: AtomicU64,
     pub completed: AtomicU64,
+    /// Attempts settled `awaiting` (their handler deferred them).
+    pub deferred: AtomicU64,
     pub retried: AtomicU64,
     pub dead: AtomicU64,
     /// Fenced writes that matched no row: the job had been taken from this worker.
@@ -283,6 +285,8 @@ pub(crate) struct Shared {
     /// The lanes this worker serves (every queue's bare subject and its bands).
     pub lanes: Vec<Lane>,
     pub api_base: String,
+    /// The schema's completion key: each attempt's completion token is made with it.
+    pub completion_key: crate::completion::CompletionKey,
     /// Producers stop fetching when this fires (shutdown, drain).
     pub fetch_cancel: CancellationToken,
     /// Producers and their running jobs.
@@ -522,7 +526,7 @@ impl Worker {
         if let Some(warning) = config.termination_grace_warning_from_env() {
             warn!("{warning}");
         }
-        prepare_schema(&config, &servers.store, &cancel).await?;
+        let completion_key = prepare_schema(&config, &servers.store, &cancel).await?;
         let consumers = consumers(&config, &servers.broker, &cancel).await?;
         let hostname = config
             .worker
@@ -567,6 +571,7 @@ impl Worker {
                 .flat_map(|l| l.iter().map(|(lane, _)| lane.clone()))
                 .collect(),
             api_base: format!("http://{}", listeners.api_addr),
+            completion_key,
             config: config.clone(),
             fetch_cancel: cancel.child_token(),
             producers: TaskTracker::new(),
@@ -659,15 +664,16 @@ impl Servers {
 
 /// Migrates the schema, or (`worker.migrate = false`) waits for another process to: a
 /// Kubernetes Job, a deploy step, maybe right now — rather than fail on a missing table.
+/// Migrates the schema (or checks that it is migrated) and reads its completion key.
 async fn prepare_schema(
     config: &Config,
     store: &Store,
     cancel: &CancellationToken,
-) -> Result<(), WorkerError> {
+) -> Result<crate::completion::CompletionKey, WorkerError> {
     if config.worker.migrate {
         let applied = retry_transient("the migrations", cancel, || store.migrate()).await?;
         info!(applied, schema = %store.schema(), "migrations up to date");
-        return Ok(());
+        return retry_transient("the completion key", cancel, || store.completion_key()).await;
     }
     let need = Store::required_version();
     retry_connect("the schema", cancel, || async {
@@ -681,7 +687,7 @@ async fn prepare_schema(
         }
     })
     .await?;
-    Ok(())
+    retry_transient("the completion key", cancel, || store.completion_key()).await
 }
 
 /// Every queue's lanes (its bare subject and ten priority bands), each with its consumer.

@@ -233,13 +233,44 @@ impl Scheduler {
     /// Ends the queued and scheduled jobs whose expiry has passed, in bounded rounds; returns
     /// how many it ended.
     pub async fn expire_due(&self) -> Result<usize, crate::store::StoreError> {
-        let mut total = 0;
+        let mut total = self.end_overdue().await?;
         for _ in 0..EXPIRE_ROUNDS {
             let ended = self.shared.store.job_expire_due(EXPIRE_LIMIT).await?;
             total += ended.len();
             for (id, queue) in &ended {
                 info!(job.id = %id, %queue, "job expired before it started: ended cancelled");
                 self.shared.metrics.expired(queue).inc();
+            }
+            if (ended.len() as i64) < EXPIRE_LIMIT {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Ends awaiting jobs whose deadline passed with no completion or failure from outside:
+    /// retried after the backoff their worker computed as they deferred, or dead-lettered
+    /// when they had no attempts left. Returns how many.
+    pub async fn end_overdue(&self) -> Result<usize, crate::store::StoreError> {
+        let mut total = 0;
+        for _ in 0..EXPIRE_ROUNDS {
+            let ended = self
+                .shared
+                .store
+                .job_await_expire(EXPIRE_LIMIT as i32)
+                .await?;
+            total += ended.len();
+            for e in &ended {
+                let metrics = &self.shared.metrics;
+                if e.status == "dead" {
+                    warn!(job.id = %e.id, queue = %e.queue, "awaiting job's deadline passed with no attempts left: dead-lettered");
+                    metrics.outcome(&e.queue, "dead").inc();
+                    self.shared
+                        .announce_dead(&e.queue, &e.id, Some("deadline passed"));
+                } else {
+                    info!(job.id = %e.id, queue = %e.queue, "awaiting job's deadline passed: retried after its backoff");
+                    metrics.outcome(&e.queue, "retried").inc();
+                }
             }
             if (ended.len() as i64) < EXPIRE_LIMIT {
                 break;

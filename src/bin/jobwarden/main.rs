@@ -303,6 +303,36 @@ enum JobsCommand {
         #[arg(long)]
         pipeline: bool,
     },
+    /// Complete an awaiting job (its handler deferred it) with its attempt's token, as a
+    /// webhook or an operator would: `--result` is stored as the job's result.
+    Complete {
+        #[arg(allow_hyphen_values = true)]
+        id: String,
+        /// The attempt's completion token (`<lease>.<32 hex digits>`).
+        #[arg(long)]
+        token: String,
+        /// The job's result, as JSON (`-` reads it from stdin).
+        #[arg(long, allow_hyphen_values = true)]
+        result: Option<String>,
+    },
+    /// Fail an awaiting job (its handler deferred it) with its attempt's token: retried after
+    /// its backoff, or dead with --permanent or no attempts left.
+    Fail {
+        #[arg(allow_hyphen_values = true)]
+        id: String,
+        /// The attempt's completion token (`<lease>.<32 hex digits>`).
+        #[arg(long)]
+        token: String,
+        /// Why it failed (kept as the job's last error).
+        #[arg(long, allow_hyphen_values = true)]
+        error: Option<String>,
+        /// It can never succeed: dead-letter it now.
+        #[arg(long)]
+        permanent: bool,
+        /// Run it again after this long (30s, 5m) instead of its backoff.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        retry_after: Option<std::time::Duration>,
+    },
     /// A pipeline (the jobs chained with `then` and `depends_on`): each job's state and
     /// parents.
     Pipeline {
@@ -390,6 +420,26 @@ fn main() {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct BadArgs(String);
+
+/// Prints what `jobs complete` or `jobs fail` came to; a refusal is an error (exit 2 for an
+/// unknown job or a malformed argument, else 1), with PostgreSQL's message and hint.
+fn ended_from_outside(id: &str, answer: jobwarden::store::EndResult) -> Result<()> {
+    use jobwarden::completion::Refusal;
+    match answer {
+        Ok(how) => {
+            println!("{id}: {}", how.as_str());
+            Ok(())
+        }
+        Err(r) if matches!(r.refusal, Refusal::UnknownJob | Refusal::Invalid) => {
+            Err(BadArgs(r.message).into())
+        }
+        Err(r) if r.refusal.recorded() => Err(anyhow!(
+            "{} (refused; recorded in the job's attempts)",
+            r.message
+        )),
+        Err(r) => Err(anyhow!("{} (refused)", r.message)),
+    }
+}
 
 fn config_path(cli: &Cli) -> Option<PathBuf> {
     cli.config.clone().or_else(|| {
@@ -709,6 +759,48 @@ async fn stats(store: &Store, json: bool) -> Result<()> {
 async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
     match command {
         JobsCommand::Retry { id } => retry_one(store, &id).await,
+        JobsCommand::Complete { id, token, result } => {
+            let result = match result.as_deref() {
+                None => None,
+                Some(text) => {
+                    let text = if text == "-" {
+                        std::io::read_to_string(std::io::stdin())?
+                    } else {
+                        text.to_string()
+                    };
+                    Some(
+                        serde_json::from_str::<serde_json::Value>(&text).map_err(|e| {
+                            BadArgs(format!(
+                                "--result is not JSON ({e}); quote a string: --result '\"done\"'"
+                            ))
+                        })?,
+                    )
+                }
+            };
+            let answer = store
+                .complete_job(&id, &token, result.as_ref(), &queues::who())
+                .await?;
+            ended_from_outside(&id, answer)
+        }
+        JobsCommand::Fail {
+            id,
+            token,
+            error,
+            permanent,
+            retry_after,
+        } => {
+            let answer = store
+                .fail_job(
+                    &id,
+                    &token,
+                    error.as_deref().unwrap_or(""),
+                    permanent,
+                    retry_after,
+                    &queues::who(),
+                )
+                .await?;
+            ended_from_outside(&id, answer)
+        }
         JobsCommand::Bulk(args) => bulk::run(store, args).await,
         JobsCommand::Cancel { id, pipeline: true } => {
             let cancelled = store.pipeline_cancel(&id).await?;

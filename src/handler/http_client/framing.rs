@@ -57,6 +57,10 @@ fn cut_short() -> io::Error {
     )
 }
 
+/// The longest `Jobwarden-Defer` value kept (a deadline is a few bytes; more is an error,
+/// which quotes what was kept).
+const MAX_DEFER_TEXT: usize = 64;
+
 /// How the body of a response is delimited.
 enum Framing {
     None,
@@ -74,6 +78,7 @@ async fn read_response<R: AsyncRead + Unpin>(
     let Head {
         status,
         retry_after,
+        defer,
         framing,
         mut keep_alive,
         len: head_len,
@@ -132,6 +137,7 @@ async fn read_response<R: AsyncRead + Unpin>(
         Response {
             status,
             retry_after,
+            defer,
             body,
         },
         reuse,
@@ -142,6 +148,8 @@ async fn read_response<R: AsyncRead + Unpin>(
 struct Head {
     status: u16,
     retry_after: Option<Duration>,
+    /// The `Jobwarden-Defer` header's value, as sent (at most [`MAX_DEFER_TEXT`] bytes).
+    defer: Option<String>,
     framing: Framing,
     keep_alive: bool,
     /// Its length in bytes (the body starts there).
@@ -170,10 +178,11 @@ fn parse_head(buf: &[u8]) -> io::Result<Parsed> {
             if (100..200).contains(&status) && status != 101 {
                 return Ok(Parsed::Interim(len));
             }
-            let (framing, keep_alive, retry_after) = read_head(&resp, status)?;
+            let (framing, keep_alive, retry_after, defer) = read_head(&resp, status)?;
             Ok(Parsed::Final(Head {
                 status,
                 retry_after,
+                defer,
                 framing,
                 keep_alive,
                 len,
@@ -184,17 +193,18 @@ fn parse_head(buf: &[u8]) -> io::Result<Parsed> {
     }
 }
 
-/// What the head says: how the body is framed, whether the connection can be reused, and
-/// a numeric `Retry-After`.
+/// What the head says: how the body is framed, whether the connection can be reused, a
+/// numeric `Retry-After`, and a `Jobwarden-Defer`.
 fn read_head(
     resp: &httparse::Response,
     status: u16,
-) -> io::Result<(Framing, bool, Option<Duration>)> {
+) -> io::Result<(Framing, bool, Option<Duration>, Option<String>)> {
     // HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes it unless told
     // otherwise.
     let mut keep_alive = resp.version == Some(1);
     let (mut length, mut chunked, mut coded) = (None::<usize>, false, false);
     let mut retry_after = None;
+    let mut defer = None;
     for h in resp.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -222,6 +232,12 @@ fn read_head(
             }
         } else if h.name.eq_ignore_ascii_case("retry-after") {
             retry_after = value.parse::<u64>().ok().map(Duration::from_secs);
+        } else if h.name.eq_ignore_ascii_case(crate::completion::DEFER_HEADER) {
+            let mut cut = value.len().min(MAX_DEFER_TEXT);
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            defer = Some(value[..cut].to_string());
         }
     }
     let framing = if status == 204 || status == 304 || (100..200).contains(&status) {
@@ -246,7 +262,7 @@ fn read_head(
         // A message with both is suspect (smuggling); do not reuse the connection.
         keep_alive = false;
     }
-    Ok((framing, keep_alive, retry_after))
+    Ok((framing, keep_alive, retry_after, defer))
 }
 
 /// Decodes a chunked body; `buf` holds what was read past the head. Also returns how many

@@ -9,6 +9,8 @@ SELECT queue, 'scheduled', count(*) FROM jobs WHERE status = 'scheduled' GROUP B
 UNION ALL
 SELECT queue, 'processing', count(*) FROM jobs WHERE status = 'processing' GROUP BY queue
 UNION ALL
+SELECT queue, 'awaiting', count(*) FROM jobs WHERE status = 'awaiting' GROUP BY queue
+UNION ALL
 SELECT queue, 'dead', count(*) FROM jobs WHERE status = 'dead' GROUP BY queue
 UNION ALL
 SELECT queue, 'parked', count(*) FROM jobs WHERE status = 'queued' AND parked GROUP BY queue

@@ -7,12 +7,16 @@
 -- in a statement of their own. (After a retry, job_settled_check finds the ones an earlier
 -- try already settled whose commit answer was lost.)
 -- $1 worker id; $2 ids; $3 leases; $4 new statuses; $5 retry delays (ms); $6 errors;
--- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release).
+-- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release); $10 retry
+-- delays (ms) of the attempts settled `awaiting` (version 31), whose $5 is their deadline: the
+-- row keeps its owner and lease, and its attempt is logged when it ends (complete(), fail(),
+-- the deadline sweep), not now.
 WITH input AS (
     SELECT *
     FROM unnest($2::text[], $3::int8[], $4::text[], $5::int8[], $6::text[], $7::jsonb[],
-                $8::text[], $9::int4[])
-         WITH ORDINALITY AS t(id, lease, status, delay_ms, error, result, outcome, refund, n)
+                $8::text[], $9::int4[], $10::int8[])
+         WITH ORDINALITY AS t(id, lease, status, delay_ms, error, result, outcome, refund,
+                              retry_ms, n)
 ),
 done AS (
     UPDATE jobs j
@@ -25,6 +29,10 @@ done AS (
         last_error = COALESCE(i.error, j.last_error),
         result = i.result,
         stale_at = NULL,
+        await_until = CASE WHEN i.status = 'awaiting'
+                           THEN now() + i.delay_ms * interval '1 millisecond' END,
+        await_retry_ms = CASE WHEN i.status = 'awaiting' THEN i.retry_ms END,
+        last_activity_at = CASE WHEN i.status = 'awaiting' THEN now() ELSE j.last_activity_at END,
         -- Dependents (or a `then`) to resolve: the scheduler's chain round does it.
         chain_pending = i.status IN ('completed', 'dead')
             AND (j.then_jobs IS NOT NULL OR j.has_dependents),
@@ -41,6 +49,6 @@ done AS (
 history AS (
     INSERT INTO job_attempt_log (job_id, lease, attempt, worker_id, started_at, outcome, error, queue)
     SELECT id, lease, attempt, $1, started_at, outcome, error, queue FROM done
-    WHERE outcome <> 'completed'
+    WHERE outcome NOT IN ('completed', 'deferred')
 )
 SELECT n::int4 FROM done

@@ -10,5 +10,5 @@ SET status = 'cancelled', completed_at = now(), updated_at = now(),
     chain_pending = j.has_dependents
 FROM root r
 WHERE (j.pipeline = r.pipeline OR j.id = r.pipeline)
-  AND j.status IN ('waiting', 'queued', 'scheduled', 'processing')
+  AND j.status IN ('waiting', 'queued', 'scheduled', 'processing', 'awaiting')
 RETURNING j.id

@@ -11,7 +11,7 @@ SELECT j.id, j.queue, j.status, j.attempts, j.max_attempts, j.last_error,
        COALESCE((SELECT array_agg(d.parent ORDER BY d.parent) FROM job_deps d WHERE d.child = j.id),
                 '{}') AS parents,
        CASE WHEN j.then_jobs IS NOT NULL
-                 AND j.status IN ('waiting', 'queued', 'scheduled', 'processing')
+                 AND j.status IN ('waiting', 'queued', 'scheduled', 'processing', 'awaiting')
             THEN jsonb_array_length(j.then_jobs) ELSE 0 END AS pending_then,
        to_char(j.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
        to_char(j.completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),

@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The statuses the filter offers, in the order a job meets them.
-const STATUSES: [JobStatus; 6] = [
+const STATUSES: [JobStatus; 7] = [
     JobStatus::Queued,
     JobStatus::Scheduled,
     JobStatus::Processing,
+    JobStatus::Awaiting,
     JobStatus::Completed,
     JobStatus::Dead,
     JobStatus::Cancelled,
