@@ -190,7 +190,7 @@ async fn bad_bulk_input_is_refused_naming_what_is_wrong_and_nothing_changes() {
         ),
         (
             vec!["cancel", "--status", "dead"],
-            "a bulk cancel takes waiting or queued or scheduled or processing jobs, not dead",
+            "a bulk cancel takes waiting or queued or scheduled or processing or awaiting jobs, not dead",
         ),
         (
             vec!["cancel", "--status", "finished"],

@@ -1025,7 +1025,7 @@ async fn the_workers_own_statements_read_jobs_through_their_indexes_with_generic
         ),
         (
             "job_settle",
-            "('w', '{j1}', '{1}', '{completed}', '{0}', '{NULL}', '{NULL}', '{completed}', '{0}')",
+            "('w', '{j1}', '{1}', '{completed}', '{0}', '{NULL}', '{NULL}', '{completed}', '{0}', '{0}')",
             "jobs_pkey",
         ),
         ("job_settle_completed", "('w', '{j1}', '{1}', '{NULL}')", "jobs_pkey"),

@@ -53,6 +53,7 @@ async fn payments_service_charges_every_payment_once_through_retried_bursts_and_
         workers: 3,
         fail_every: 4,
         log_dir: logs.clone(),
+        confirm_deadline: std::time::Duration::from_secs(3),
     };
     let r = payments::run(&settings).await.expect("the scenario runs");
     eprintln!("payments_service: {}", serde_json::to_string(&r).unwrap());
@@ -61,13 +62,24 @@ async fn payments_service_charges_every_payment_once_through_retried_bursts_and_
         r.deduplicated, 15,
         "the same keys name the same payments: {r:?}"
     );
-    assert_eq!(r.payments, 30, "{r:?}");
-    assert_eq!(r.charge_jobs, 30, "one job per payment: {r:?}");
-    assert_eq!(r.charged, 30, "every payment charged: {r:?}");
+    assert_eq!(r.payments, 45, "{r:?}");
+    assert_eq!(r.charge_jobs, 45, "one job per payment: {r:?}");
+    assert_eq!(r.charged, 45, "every payment charged: {r:?}");
     assert_eq!(
-        r.charges, 30,
+        r.charges, 45,
         "the gateway charged each payment once: {r:?}"
     );
+    // 3-D Secure: every confirmation completed its deferred charge job, the lost one after
+    // its deadline retried the job, the forged one was refused and recorded, and the jobs
+    // awaiting on the killed worker were completed all the same.
+    assert_eq!(r.confirmations, 15, "{r:?}");
+    assert_eq!(r.confirmed, 15, "{r:?}");
+    assert_eq!(r.completed_by_webhook, 15, "{r:?}");
+    assert_eq!(r.webhooks_lost, 1, "{r:?}");
+    assert!(r.deadline_retries >= 1, "{r:?}");
+    assert_eq!(r.forged_refused, 1, "{r:?}");
+    assert!(r.refusals_recorded >= 1, "{r:?}");
+    assert!(r.awaiting_when_killed >= 1, "{r:?}");
     assert_eq!(r.duplicate_charges, 0, "{r:?}");
     // The gateway's ledger is idempotent: it would hide a charge job run twice. Every call
     // that reached it is counted per job, and each must be a claim jobwarden made, every
@@ -86,7 +98,7 @@ async fn payments_service_charges_every_payment_once_through_retried_bursts_and_
         r.replayed_calls >= r.transient_failures,
         "every charge answered 503 was retried with its key and replayed: {r:?}"
     );
-    assert_eq!(r.workers_killed, 2, "{r:?}");
+    assert_eq!(r.workers_killed, 3, "{r:?}");
     assert!(
         r.attempts_recovered >= 1,
         "a charge in flight on a killed worker was taken back: {r:?}"

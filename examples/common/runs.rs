@@ -31,7 +31,8 @@ pub async fn unexplained_runs(
         .query(
             "SELECT j.id, j.status, j.lease, \
                     ARRAY(SELECT DISTINCT a.lease FROM job_attempts a \
-                          WHERE a.job_id = j.id AND a.outcome <> 'lost_ownership' \
+                          WHERE a.job_id = j.id \
+                            AND a.outcome NOT IN ('lost_ownership', 'completion_refused') \
                           ORDER BY a.lease) \
              FROM jobs j WHERE j.queue = ANY($1) ORDER BY j.id",
             &[&queues],

@@ -22,17 +22,26 @@ async fn main() -> anyhow::Result<()> {
         workers: 3,
         fail_every: 4,
         log_dir: servers.dir("payments-logs"),
+        confirm_deadline: std::time::Duration::from_secs(3),
     };
     let report = scenario::run(&settings).await?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     let ok = report.duplicate_charges == 0
         && report.charged == report.payments as i64
-        && report.unexplained_runs.is_empty();
+        && report.unexplained_runs.is_empty()
+        && report.confirmed == report.confirmations as i64
+        && report.forged_refused == 1;
     println!(
-        "duplicateCharges = {} for {} payments ({} charged), {} gateway calls, {} unexplained runs: {}",
+        "duplicateCharges = {} for {} payments ({} charged, {} of {} after 3-D Secure, {} \
+         webhook lost and retried at its deadline, {} forged webhook refused), {} gateway \
+         calls, {} unexplained runs: {}",
         report.duplicate_charges,
         report.payments,
         report.charged,
+        report.confirmed,
+        report.confirmations,
+        report.webhooks_lost,
+        report.forged_refused,
         report.gateway_calls,
         report.unexplained_runs.len(),
         if ok { "OK" } else { "FAILED" }

@@ -15,6 +15,15 @@
 //! and `Report::unexplained_runs` names the jobs whose calls jobwarden's record of claims,
 //! retries and reclaims does not explain (see examples/common/runs.rs).
 //!
+//! 3-D Secure: a payment of a customer whose key starts with `3ds-` needs the cardholder's
+//! confirmation. The gateway takes the charge, answers `requires_action`, and calls the
+//! application's webhook later with the job's completion token (passed along with the
+//! charge); the charge handler answers `202` with `Jobwarden-Defer`, so the job waits as
+//! `awaiting` (its slot freed) until the webhook completes it (`Client::complete`, SQL
+//! `complete()`). The gateway loses one webhook: the deadline retries that job, the retry's
+//! call is a replay with a new token, and its webhook lands. A forged webhook is refused, and
+//! a worker is killed while jobs await: their completions still land.
+//!
 //! Used by `cargo run --example payments_service` and `tests/scenarios.rs`.
 
 #[path = "../common/pod.rs"]
@@ -24,6 +33,7 @@ mod runs;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use jobwarden::client::{Client, EnqueueOptions};
@@ -50,6 +60,8 @@ pub struct Settings {
     pub fail_every: usize,
     /// Where the workers' logs go.
     pub log_dir: PathBuf,
+    /// How long a 3-D Secure charge waits for its webhook before it is retried.
+    pub confirm_deadline: Duration,
 }
 
 #[derive(Debug, Default, serde::Serialize)]
@@ -79,6 +91,20 @@ pub struct Report {
     /// Jobs whose gateway calls jobwarden's record does not explain (must be empty): called
     /// more often than claimed, or claimed again with no recorded end of the attempt before.
     pub unexplained_runs: Vec<String>,
+    /// 3-D Secure payments (third burst), and those charged: completed by their webhook.
+    pub confirmations: usize,
+    pub confirmed: i64,
+    /// Charge jobs the gateway's webhook completed (`awaiting` → `completed`).
+    pub completed_by_webhook: i64,
+    /// Webhooks the gateway lost (never sent), and the retries their deadline made.
+    pub webhooks_lost: usize,
+    pub deadline_retries: i64,
+    /// Forged webhooks the application refused (the token was not issued for the job), and
+    /// the refusals jobwarden recorded.
+    pub forged_refused: usize,
+    pub refusals_recorded: i64,
+    /// Charge jobs awaiting their webhook when a worker was killed.
+    pub awaiting_when_killed: i64,
     pub seconds: f64,
 }
 
@@ -94,6 +120,27 @@ struct Gateway {
     replayed: usize,
     failed: usize,
     fail_every: usize,
+    /// Where 3-D Secure confirmations are sent (the application's webhook).
+    webhook: String,
+    /// The next confirmation is lost (the gateway never sends it).
+    lose_next: bool,
+    lost: usize,
+}
+
+/// Sends a confirmation to the application's webhook after the cardholder took their time,
+/// retrying until the application answers (a `4xx` is final: a refused confirmation).
+fn confirm_later(gw: Shared<Gateway>, body: Value) {
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let url = gw.lock().unwrap().webhook.clone();
+        let http = reqwest::Client::new();
+        for _ in 0..100 {
+            match http.post(&url).json(&body).send().await {
+                Ok(r) if r.status().is_success() || r.status().is_client_error() => return,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
 }
 
 type Shared<T> = Arc<Mutex<T>>;
@@ -117,17 +164,44 @@ async fn gateway_charge(
     // A real gateway takes a while: long enough for a worker to be killed mid-charge.
     tokio::time::sleep(Duration::from_millis(150)).await;
     let mut g = gw.lock().unwrap();
+    let payment = body["payment_id"].as_str().unwrap_or_default().to_string();
+    // 3-D Secure: the charge waits for the cardholder; the webhook carries the token.
+    let confirm = (body["three_ds"] == json!(true))
+        .then(|| json!({"job_id": key, "payment_id": payment, "token": body["completion_token"]}));
     if let Some(charge) = g.by_key.get(&key).cloned() {
         g.replayed += 1;
+        if let Some(mut c) = confirm {
+            c["charge"] = json!(charge);
+            drop(g);
+            confirm_later(gw.clone(), c);
+            return (
+                StatusCode::OK,
+                Json(json!({"charge": charge, "replayed": true, "status": "requires_action"})),
+            );
+        }
         return (
             StatusCode::OK,
             Json(json!({"charge": charge, "replayed": true})),
         );
     }
-    let payment = body["payment_id"].as_str().unwrap_or_default().to_string();
     let charge = format!("ch_{}", g.charges.len() + 1);
     g.by_key.insert(key, charge.clone());
-    g.charges.push((payment, charge.clone()));
+    g.charges.push((payment.clone(), charge.clone()));
+    if let Some(mut c) = confirm {
+        c["charge"] = json!(charge);
+        if g.lose_next {
+            // This confirmation never comes: the job's deadline retries it.
+            g.lose_next = false;
+            g.lost += 1;
+        } else {
+            drop(g);
+            confirm_later(gw.clone(), c);
+        }
+        return (
+            StatusCode::OK,
+            Json(json!({"charge": charge, "status": "requires_action"})),
+        );
+    }
     if g.fail_every > 0 && g.charges.len() % g.fail_every == 0 {
         // Charged, but the answer is lost.
         g.failed += 1;
@@ -145,6 +219,8 @@ struct App {
     client: Client,
     gateway: String,
     http: reqwest::Client,
+    /// `Jobwarden-Defer` of a charge waiting for its 3-D Secure confirmation (seconds).
+    confirm_deadline: u64,
 }
 
 /// `POST /payments` with `Idempotency-Key`: one transaction writes the payment and enqueues
@@ -184,11 +260,13 @@ async fn create_payment(
             tx.rollback().await?;
             return Ok((existing, true));
         }
+        // Cards of `3ds-…` customers need the cardholder's confirmation (3-D Secure).
+        let three_ds = key.starts_with("3ds-");
         app.client
             .enqueue_in(
                 &*tx,
                 "charges",
-                json!({"payment_id": id, "amount_cents": amount}),
+                json!({"payment_id": id, "amount_cents": amount, "three_ds": three_ds}),
                 EnqueueOptions {
                     id: Some(format!("charge-{id}")),
                     ..Default::default()
@@ -212,61 +290,97 @@ async fn create_payment(
 }
 
 /// `POST /jobs/charge`: the workers' HTTP handler. The gateway's idempotency key is the job
-/// id, the same for every attempt.
-async fn charge(State(app): State<App>, Json(job): Json<Value>) -> (StatusCode, Json<Value>) {
+/// id, the same for every attempt. A charge that needs the cardholder's confirmation (3-D
+/// Secure) is deferred: `202` with `Jobwarden-Defer`, and the gateway's webhook completes it.
+async fn charge(State(app): State<App>, Json(job): Json<Value>) -> Response {
+    let failed = |status: StatusCode, error: String| {
+        (status, Json(json!({ "error": error }))).into_response()
+    };
     let key = job["id"].as_str().unwrap_or_default();
     let payment = job["payload"]["payment_id"].as_str().unwrap_or_default();
+    let mut request = job["payload"].clone();
+    // The gateway hands the token back with its 3-D Secure confirmation.
+    request["completion_token"] = job["completion_token"].clone();
     let answer = app
         .http
         .post(format!("{}/v1/charges", app.gateway))
         .header("Idempotency-Key", key)
         .header("X-Attempt", job["attempt"].to_string())
-        .json(&job["payload"])
+        .json(&request)
         .send()
         .await;
-    let charge = match answer {
-        Ok(r) if r.status().is_success() => r
-            .json::<Value>()
-            .await
-            .ok()
-            .and_then(|v| v["charge"].as_str().map(str::to_string)),
+    let answer = match answer {
+        Ok(r) if r.status().is_success() => r.json::<Value>().await.unwrap_or_default(),
         Ok(r) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"error": format!("gateway answered {}", r.status())})),
-            )
+            let error = format!("gateway answered {}", r.status());
+            return failed(StatusCode::SERVICE_UNAVAILABLE, error);
         }
         Err(e) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"error": format!("gateway unreachable: {e}")})),
-            )
+            let error = format!("gateway unreachable: {e}");
+            return failed(StatusCode::SERVICE_UNAVAILABLE, error);
         }
     };
-    let Some(charge) = charge else {
+    if answer["status"] == "requires_action" {
+        // The cardholder confirms later: the webhook completes the job with its token.
         return (
-            StatusCode::BAD_GATEWAY,
-            Json(json!({"error": "no charge id"})),
-        );
-    };
-    let updated = async {
-        app.store
-            .raw()
-            .await?
-            .execute(
-                "UPDATE payments SET status = 'charged', charge_id = $2 WHERE id = $1",
-                &[&payment, &charge],
-            )
-            .await
-            .map_err(anyhow::Error::from)
+            StatusCode::ACCEPTED,
+            [("Jobwarden-Defer", app.confirm_deadline.to_string())],
+            Json(json!({"awaiting": "3-D Secure"})),
+        )
+            .into_response();
     }
-    .await;
-    match updated {
-        Ok(_) => (StatusCode::OK, Json(json!({"charge": charge}))),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"error": e.to_string()})),
-        ),
+    let Some(charge) = answer["charge"].as_str() else {
+        return failed(StatusCode::BAD_GATEWAY, "no charge id".into());
+    };
+    match mark_charged(&app.store, payment, charge).await {
+        Ok(()) => (StatusCode::OK, Json(json!({ "charge": charge }))).into_response(),
+        Err(e) => failed(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn mark_charged(store: &Store, payment: &str, charge: &str) -> anyhow::Result<()> {
+    store
+        .raw()
+        .await?
+        .execute(
+            "UPDATE payments SET status = 'charged', charge_id = $2 WHERE id = $1",
+            &[&payment, &charge],
+        )
+        .await?;
+    Ok(())
+}
+
+/// `POST /webhooks/gateway`: the gateway's 3-D Secure confirmation. Completes the charge job
+/// with the token the attempt was handed (refused when it was not issued for the job, or names
+/// an attempt that ended), then marks the payment charged. The gateway sends it again until
+/// it gets an answer: a repeat finds the job `already completed` and changes nothing.
+async fn webhook(State(app): State<App>, Json(hook): Json<Value>) -> Response {
+    let (job, token) = (
+        hook["job_id"].as_str().unwrap_or_default(),
+        hook["token"].as_str().unwrap_or_default(),
+    );
+    let charge = hook["charge"].as_str().unwrap_or_default();
+    let result = json!({ "charge": charge, "confirmed": "3-D Secure" });
+    match app.client.complete(job, token, Some(&result)).await {
+        Ok(Ok(_completed_or_repeat)) => {
+            let payment = hook["payment_id"].as_str().unwrap_or_default();
+            match mark_charged(&app.store, payment, charge).await {
+                Ok(()) => (StatusCode::OK, Json(json!({"ok": true}))).into_response(),
+                Err(e) => {
+                    let error = json!({"error": e.to_string()});
+                    (StatusCode::SERVICE_UNAVAILABLE, Json(error)).into_response()
+                }
+            }
+        }
+        Ok(Err(refused)) => (
+            StatusCode::from_u16(refused.refusal.http_status()).unwrap_or(StatusCode::CONFLICT),
+            Json(json!({"error": refused.message})),
+        )
+            .into_response(),
+        Err(e) => {
+            let error = json!({"error": e.to_string()});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(error)).into_response()
+        }
     }
 }
 
@@ -345,6 +459,7 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
 
     let gw = Arc::new(Mutex::new(Gateway {
         fail_every: s.fail_every,
+        lose_next: true,
         ..Default::default()
     }));
     let gateway = serve(
@@ -358,14 +473,17 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         Router::new()
             .route("/payments", post(create_payment))
             .route("/jobs/charge", post(charge))
+            .route("/webhooks/gateway", post(webhook))
             .with_state(App {
                 store: store.clone(),
                 client: Client::new(store.clone(), broker),
                 gateway,
                 http: http.clone(),
+                confirm_deadline: s.confirm_deadline.as_secs().max(1),
             }),
     )
     .await?;
+    gw.lock().unwrap().webhook = format!("{app}/webhooks/gateway");
 
     let config = s.log_dir.join("jobwarden.toml");
     std::fs::write(
@@ -433,7 +551,56 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
     let (posted, killed) = tokio::join!(chaos_burst, killing);
     posted?;
     report.workers_killed = killed?;
-    report.charged = wait_charged(&store, 2 * s.burst as i64, Duration::from_secs(90)).await?;
+    wait_charged(&store, 2 * s.burst as i64, Duration::from_secs(90)).await?;
+
+    // 3-D Secure: charges wait for the cardholder's confirmation (the gateway's webhook).
+    let confirm: Vec<String> = (0..s.burst).map(|i| format!("3ds-{i}")).collect();
+    report.confirmations = post_burst(&http, &app, &confirm).await?.len();
+    let last = s.workers - 1;
+    let awaiting_on = format!(
+        "SELECT count(*) FROM jobs WHERE queue = 'charges' AND status = 'awaiting' \
+         AND worker_id LIKE 'payments-{last}-%'"
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    while report.awaiting_when_killed == 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        report.awaiting_when_killed = store
+            .raw()
+            .await?
+            .query_one(&awaiting_on, &[])
+            .await?
+            .get(0);
+    }
+    // The worker that deferred them dies; their confirmations must still land.
+    pods[last].kill9();
+    report.workers_killed += 1;
+    // A forged confirmation: right job, token of no attempt.
+    let (job, payment): (String, String) = {
+        let row = store
+            .raw()
+            .await?
+            .query_one(
+                "SELECT id, payload->>'payment_id' FROM jobs WHERE queue = 'charges' \
+                 AND payload->>'three_ds' = 'true' ORDER BY id LIMIT 1",
+                &[],
+            )
+            .await?;
+        (row.get(0), row.get(1))
+    };
+    let forged = http
+        .post(format!("{app}/webhooks/gateway"))
+        .json(
+            &json!({"job_id": job, "payment_id": payment, "charge": "ch_forged",
+                      "token": format!("1.{}", "0".repeat(32))}),
+        )
+        .send()
+        .await?;
+    if forged.status() == StatusCode::FORBIDDEN {
+        report.forged_refused += 1;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pods[last].restart()?;
+    report.charged = wait_charged(&store, 3 * s.burst as i64, Duration::from_secs(90)).await?;
 
     let c = store.raw().await?;
     report.payments = c
@@ -451,6 +618,36 @@ pub async fn run(s: &Settings) -> anyhow::Result<Report> {
         )
         .await?
         .get(0);
+    report.confirmed = c
+        .query_one(
+            "SELECT count(*) FROM payments WHERE status = 'charged' AND idempotency_key LIKE '3ds-%'",
+            &[],
+        )
+        .await?
+        .get(0);
+    report.completed_by_webhook = c
+        .query_one(
+            "SELECT count(*) FROM jobs WHERE queue = 'charges' AND status = 'completed' \
+             AND result->>'confirmed' = '3-D Secure'",
+            &[],
+        )
+        .await?
+        .get(0);
+    report.deadline_retries = c
+        .query_one(
+            "SELECT count(*) FROM job_attempts WHERE outcome = 'deadline'",
+            &[],
+        )
+        .await?
+        .get(0);
+    report.refusals_recorded = c
+        .query_one(
+            "SELECT count(*) FROM job_attempts WHERE outcome = 'completion_refused'",
+            &[],
+        )
+        .await?
+        .get(0);
+    report.webhooks_lost = gw.lock().unwrap().lost;
     let calls = gw.lock().unwrap().calls.clone();
     report.gateway_calls = calls.values().sum();
     report.unexplained_runs = runs::unexplained_runs(&c, &["charges"], &calls).await?;
