@@ -88,6 +88,19 @@ impl BulkJob {
     }
 }
 
+/// A batch: jobs enqueued together, with callback jobs that run once when every member has
+/// ended (see [`Client::enqueue_batch`]).
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// The batch's id (made up when `None`).
+    pub id: Option<String>,
+    pub jobs: Vec<BulkJob>,
+    /// Runs once every member has ended, whatever became of them.
+    pub on_complete: Option<BulkJob>,
+    /// Runs once every member has ended, if every one completed.
+    pub on_success: Option<BulkJob>,
+}
+
 /// The `then` of an enqueue and its check are part of the job's wire format: they live
 /// with the envelope in [`crate::job`].
 pub use crate::job::{check_then, Then};
@@ -281,12 +294,7 @@ impl Client {
             let first = c * crate::contract::MAX_ENQUEUE_MANY + 1;
             let mut specs = Vec::with_capacity(chunk.len());
             for (i, j) in chunk.iter().enumerate() {
-                let (new, _envelope, max_attempts) = self
-                    .prepare(&j.queue, j.payload.clone(), &j.opts)
-                    .map_err(|e| ClientError::Invalid(format!("jobs[{}]: {e}", first + i)))?;
-                let mut spec = spec_of(&j.queue, new.payload, &new.id, &j.opts);
-                spec.insert("max_attempts".into(), max_attempts.into());
-                specs.push(Value::Object(spec));
+                specs.push(self.bulk_spec(j, &format!("jobs[{}]", first + i))?);
             }
             let got = self
                 .enqueue_specs_in(tx, specs)
@@ -313,7 +321,6 @@ impl Client {
         Ok(rows.iter().map(|r| r.get::<_, String>(1)).collect())
     }
 
-    /// [`Client::enqueue_many_in`] in a transaction of its own.
     /// Completes an awaiting job (its handler deferred it) with its attempt's token: what a
     /// webhook receiver calls. `Ok(Err(..))` is a refusal (unknown job, a token not issued for
     /// it, a stale attempt, past its deadline, cancelled, a result over the limit), recorded
@@ -343,6 +350,81 @@ impl Client {
             .await?)
     }
 
+    /// The job spec of `j` (its fields as SQL `enqueue_many()` takes them), checked by the
+    /// contract; `at` names it in an error.
+    fn bulk_spec(&self, j: &BulkJob, at: &str) -> Result<Value, ClientError> {
+        let (new, _envelope, max_attempts) = self
+            .prepare(&j.queue, j.payload.clone(), &j.opts)
+            .map_err(|e| ClientError::Invalid(format!("{at}: {e}")))?;
+        let mut spec = spec_of(&j.queue, new.payload, &new.id, &j.opts);
+        spec.insert("max_attempts".into(), max_attempts.into());
+        Ok(Value::Object(spec))
+    }
+
+    /// Enqueues a batch inside the caller's own transaction (SQL `enqueue_batch()`): every
+    /// member or none, checked as `enqueue_many` checks them (at most
+    /// [`crate::contract::MAX_ENQUEUE_MANY`] members). Its callbacks run once, when every
+    /// member has ended, and receive the batch's outcome as their parents' results:
+    /// `{"<batch id>": {"size", "completed", "dead", "cancelled", "failed": [ids], ...}}`.
+    /// Returns the batch's id.
+    pub async fn enqueue_batch_in<C: tokio_postgres::GenericClient>(
+        &self,
+        tx: &C,
+        batch: &Batch,
+    ) -> Result<String, ClientError> {
+        let mut members = Vec::with_capacity(batch.jobs.len());
+        for (i, j) in batch.jobs.iter().enumerate() {
+            members.push(self.bulk_spec(j, &format!("jobs[{}]", i + 1))?);
+        }
+        let mut spec = serde_json::Map::new();
+        if let Some(id) = &batch.id {
+            spec.insert("id".into(), id.clone().into());
+        }
+        spec.insert("jobs".into(), Value::Array(members));
+        for (name, cb) in [
+            ("on_complete", &batch.on_complete),
+            ("on_success", &batch.on_success),
+        ] {
+            if let Some(cb) = cb {
+                let mut cb_spec = self.bulk_spec(cb, name)?;
+                if cb.opts.id.is_none() {
+                    // Its id is the batch's (`<batch>.on_complete`), made when it is enqueued.
+                    cb_spec.as_object_mut().expect("a spec").remove("id");
+                }
+                spec.insert(name.into(), cb_spec);
+            }
+        }
+        self.enqueue_batch_spec_in(tx, Value::Object(spec)).await
+    }
+
+    /// Like [`Client::enqueue_batch_in`] for a batch spec as it is (`{"id", "jobs",
+    /// "on_complete", "on_success"}`, e.g. read from a file): checked by the schema's
+    /// `enqueue_batch()`.
+    pub async fn enqueue_batch_spec_in<C: tokio_postgres::GenericClient>(
+        &self,
+        tx: &C,
+        spec: Value,
+    ) -> Result<String, ClientError> {
+        let sql = in_schema(sql::CLIENT_ENQUEUE_BATCH, self.store.schema());
+        let row = tx.query_one(&sql, &[&spec]).await.map_err(refusal)?;
+        Ok(row.get(0))
+    }
+
+    /// [`Client::enqueue_batch_in`] in a transaction of its own.
+    pub async fn enqueue_batch(&self, batch: &Batch) -> Result<String, ClientError> {
+        let mut conn = self.store.raw().await?;
+        let tx = conn
+            .transaction()
+            .await
+            .map_err(|e| ClientError::Store(e.into()))?;
+        let id = self.enqueue_batch_in(&*tx, batch).await?;
+        tx.commit()
+            .await
+            .map_err(|e| ClientError::Store(e.into()))?;
+        Ok(id)
+    }
+
+    /// [`Client::enqueue_many_in`] in a transaction of its own.
     pub async fn enqueue_many(&self, jobs: &[BulkJob]) -> Result<Vec<String>, ClientError> {
         let mut conn = self.store.raw().await?;
         let tx = conn

@@ -39,6 +39,8 @@ pub struct JobRow {
     /// An awaiting job's deadline (its handler deferred it; version 31). Kept after the
     /// attempt ends.
     pub await_until: Option<String>,
+    /// The batch it is a member of (version 32).
+    pub batch: Option<String>,
 }
 
 /// One attempt of a job.
@@ -81,6 +83,7 @@ fn job_row(r: tokio_postgres::Row) -> JobRow {
         expires_at: r.get(21),
         key: r.get(22),
         await_until: r.get(23),
+        batch: r.get(24),
     }
 }
 
@@ -537,7 +540,7 @@ mod tests {
         };
         let get = columns(crate::store::sql::JOB_GET);
         assert!(
-            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), key, to_char(await_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"),
+            get.ends_with("pipeline, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), key, to_char(await_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), batch"),
             "{get}"
         );
         assert_eq!(columns(crate::store::sql::JOB_LIST), get);

@@ -5,6 +5,7 @@
 //! Connections come from a deadpool pool built on a `tokio_postgres::Config` (so TCP
 //! keepalives and timeouts can be set), with `search_path` set to the configured schema.
 
+mod batches;
 mod bulk;
 mod chain;
 mod completion;
@@ -28,6 +29,7 @@ pub mod tls;
 pub mod sql {
     include!(concat!(env!("OUT_DIR"), "/sql.rs"));
 }
+pub use batches::BatchProgress;
 pub use bulk::{parse_when, BulkAction, BulkFilter, BulkReport, BULK_BATCH};
 pub use chain::{ChainRound, PipelineJob};
 pub use completion::{EndResult, Expired};

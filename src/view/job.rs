@@ -36,6 +36,9 @@ pub struct JobView {
     pub expires_at: Option<String>,
     /// An awaiting job's deadline: completed or failed from outside by then, or retried.
     pub awaiting_until: Option<String>,
+    /// The batch it is a member of, and that batch's progress (`9,900 of 10,000 ended …`)
+    /// when it was read.
+    pub batch: Option<(String, Option<String>)>,
     pub idempotency_key: Option<String>,
     /// What groups it with other jobs (a customer, a tenant), if it has a key.
     pub key: Option<String>,
@@ -143,6 +146,7 @@ impl JobView {
             awaiting_until: job
                 .await_until
                 .filter(|_| state == Some(JobStatus::Awaiting)),
+            batch: job.batch.map(|b| (b, None)),
             idempotency_key: job.idempotency_key,
             key: job.key,
             pipeline: job.pipeline,
@@ -253,6 +257,13 @@ pub fn format_job(v: &JobView) -> String {
     if let Some(d) = &v.awaiting_until {
         lines.push(("awaiting until", d.clone()));
     }
+    if let Some((b, progress)) = &v.batch {
+        let text = match progress {
+            Some(p) => format!("{b}: {p}"),
+            None => b.clone(),
+        };
+        lines.push(("batch", text));
+    }
     lines.push(("payload", v.payload.to_string()));
     if let Some(r) = &v.result {
         lines.push(("result", r.to_string()));
@@ -309,6 +320,7 @@ mod tests {
             expires_at: None,
             key: None,
             await_until: None,
+            batch: None,
         }
     }
 

@@ -29,6 +29,8 @@ use tracing::{debug, info, warn};
 const ROUND_LIMIT: i64 = 500;
 /// Most expired jobs ended in one round (a full round is followed by another at once).
 const EXPIRE_LIMIT: i64 = 500;
+/// Most batches finished in one round.
+const BATCH_LIMIT: i32 = 50;
 /// Most expiry rounds per tick (a backlog of expired jobs drains over a few ticks).
 const EXPIRE_ROUNDS: usize = 8;
 /// How often the expiry rounds run (not every tick: a job past its expiry whose message
@@ -233,6 +235,9 @@ impl Scheduler {
     /// Ends the queued and scheduled jobs whose expiry has passed, in bounded rounds; returns
     /// how many it ended.
     pub async fn expire_due(&self) -> Result<usize, crate::store::StoreError> {
+        if let Err(e) = self.finish_batches().await {
+            debug!(cause = %e, "batch round failed");
+        }
         let mut total = self.end_overdue().await?;
         for _ in 0..EXPIRE_ROUNDS {
             let ended = self.shared.store.job_expire_due(EXPIRE_LIMIT).await?;
@@ -242,6 +247,23 @@ impl Scheduler {
                 self.shared.metrics.expired(queue).inc();
             }
             if (ended.len() as i64) < EXPIRE_LIMIT {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Finishes the batches whose members have all ended: each one's callbacks are enqueued
+    /// once (under the batch row's lock), whichever pod's round gets there first.
+    pub async fn finish_batches(&self) -> Result<usize, crate::store::StoreError> {
+        let mut total = 0;
+        for _ in 0..EXPIRE_ROUNDS {
+            let finished = self.shared.store.batch_finish(BATCH_LIMIT).await?;
+            total += finished.len();
+            for (batch, callbacks) in &finished {
+                info!(%batch, ?callbacks, "batch finished: every member has ended");
+            }
+            if (finished.len() as i32) < BATCH_LIMIT {
                 break;
             }
         }

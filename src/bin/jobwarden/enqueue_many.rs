@@ -92,3 +92,65 @@ pub async fn run(client: &Client, file: &str, print_ids: bool) -> Result<()> {
     );
     Ok(())
 }
+
+/// `jobwarden enqueue-batch [FILE]`: the lines of FILE as one batch, with its callbacks (JSON
+/// job specs), in one transaction. Prints the batch's id.
+pub async fn run_batch(
+    client: &Client,
+    file: &str,
+    id: Option<String>,
+    on_complete: Option<String>,
+    on_success: Option<String>,
+) -> Result<()> {
+    let specs = read_specs(file)?;
+    if specs.len() > MAX_ENQUEUE_MANY {
+        return Err(BadArgs(format!(
+            "{} jobs: a batch has at most {MAX_ENQUEUE_MANY} members",
+            specs.len()
+        ))
+        .into());
+    }
+    let mut batch = serde_json::Map::new();
+    if let Some(id) = id {
+        batch.insert("id".into(), id.into());
+    }
+    for (flag, name, text) in [
+        ("--on-complete", "on_complete", on_complete),
+        ("--on-success", "on_success", on_success),
+    ] {
+        if let Some(text) = text {
+            let spec: Value = serde_json::from_str(&text).map_err(|e| {
+                BadArgs(format!(
+                    "{flag}: not JSON ({e}); give a job spec, e.g. \
+                     '{{\"queue\": \"reports\", \"payload\": {{}}}}'"
+                ))
+            })?;
+            batch.insert(name.into(), spec);
+        }
+    }
+    batch.insert(
+        "jobs".into(),
+        Value::Array(specs.iter().map(|(_, s)| s.clone()).collect()),
+    );
+    let started = Instant::now();
+    let mut conn = client.store().raw().await?;
+    let tx = conn.transaction().await?;
+    let id = client
+        .enqueue_batch_spec_in(&*tx, Value::Object(batch))
+        .await
+        .map_err(|e| match e {
+            ClientError::Invalid(m) | ClientError::Conflict(m) => {
+                anyhow!(BadArgs(on_line(&m, &specs)))
+            }
+            other => anyhow!(other),
+        })?;
+    tx.commit().await?;
+    println!("{id}");
+    eprintln!(
+        "batch {id}: {} jobs enqueued in {:.2} s, in one transaction; `jobwarden batch show {id}` \
+         follows it",
+        specs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

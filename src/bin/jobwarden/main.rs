@@ -131,6 +131,30 @@ enum Command {
         #[arg(long)]
         ids: bool,
     },
+    /// Enqueue a batch from JSON lines (one job per line, as enqueue-many), in one
+    /// transaction, with callback jobs that run once when every member has ended; they
+    /// receive the batch's counts and failed ids as their parents' results. Prints its id.
+    EnqueueBatch {
+        /// A JSON-lines file, or - for standard input.
+        #[arg(default_value = "-")]
+        file: String,
+        /// The batch's id (made up when not given).
+        #[arg(long, allow_hyphen_values = true)]
+        id: Option<String>,
+        /// The job that runs once every member has ended, as a JSON job spec
+        /// ('{"queue": "reports", "payload": {...}}').
+        #[arg(long)]
+        on_complete: Option<String>,
+        /// The job that runs once every member has completed (none failed).
+        #[arg(long)]
+        on_success: Option<String>,
+    },
+    /// A batch's progress: members by status, and once it finished, its callbacks and the
+    /// outcome they received.
+    Batch {
+        #[command(subcommand)]
+        command: BatchCommand,
+    },
     /// Inspect jobs.
     Jobs {
         #[command(subcommand)]
@@ -289,6 +313,17 @@ enum CronCommand {
         /// How many next fires to show (1 to 100).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
         next: u16,
+    },
+}
+
+#[derive(Subcommand)]
+enum BatchCommand {
+    /// One batch: its members by status, when it finished, its callbacks and outcome.
+    Show {
+        #[arg(allow_hyphen_values = true)]
+        id: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -574,6 +609,40 @@ async fn real_main(cli: Cli) -> Result<()> {
             let store = Store::connect(&config.database).await?;
             let broker = jobwarden::broker::Broker::connect(&config.nats).await?;
             enqueue_many::run(&Client::new(store, broker), &file, ids).await
+        }
+        Command::EnqueueBatch {
+            file,
+            id,
+            on_complete,
+            on_success,
+        } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            let broker = jobwarden::broker::Broker::connect(&config.nats).await?;
+            let client = Client::new(store, broker);
+            enqueue_many::run_batch(&client, &file, id, on_complete, on_success).await
+        }
+        Command::Batch {
+            command: BatchCommand::Show { id, json },
+        } => {
+            let config = Config::load_connections(path.as_deref())?;
+            let store = Store::connect(&config.database).await?;
+            let Some(p) = store.batch_progress(&id).await? else {
+                return Err(BadArgs(format!(
+                    "no batch with id {id:?} in schema {}",
+                    store.schema()
+                ))
+                .into());
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&p)?);
+            } else {
+                println!("batch {id}: {}", p.summary());
+                if let Some(o) = &p.outcome {
+                    println!("outcome: {o}");
+                }
+            }
+            Ok(())
         }
         Command::Cron {
             command: CronCommand::List { next },
@@ -884,7 +953,10 @@ async fn jobs(store: &Store, command: JobsCommand) -> Result<()> {
                 Some(w) => store.worker(w).await?,
                 None => None,
             };
-            let view = JobView::new(job, attempts, Some(waiting), owner.as_ref());
+            let mut view = JobView::new(job, attempts, Some(waiting), owner.as_ref());
+            if let Some((b, progress)) = view.batch.as_mut() {
+                *progress = store.batch_progress(b).await?.map(|p| p.summary());
+            }
             print!("{}", jobwarden::view::format_job(&view));
             Ok(())
         }

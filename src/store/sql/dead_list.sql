@@ -9,7 +9,7 @@ SELECT id, queue, status, priority, attempts, max_attempts, worker_id, lease,
        to_char(last_activity_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
        to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), pipeline,
        to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), key,
-       to_char(await_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+       to_char(await_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), batch
 FROM jobs
 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1)
 ORDER BY completed_at DESC NULLS LAST, id LIMIT $2

@@ -46,7 +46,16 @@ pub(crate) async fn page(
         .get(&job.queue)
         .and_then(|p| p.keys)
         .is_some_and(|k| k.ordered);
-    let v = JobView::new(job, rows, waiting, owner.as_ref());
+    let mut v = JobView::new(job, rows, waiting, owner.as_ref());
+    if let Some((b, progress)) = v.batch.as_mut() {
+        // A member's batch and its progress (members by status over the batch's own index).
+        *progress = store
+            .batch_progress(b)
+            .await
+            .ok()
+            .flatten()
+            .map(|p| p.summary());
+    }
     let next = keys
         .last()
         .map(|key| format!("/job?id={}&attempts_after={key}", q(&id)))
@@ -162,6 +171,13 @@ fn facts(v: &JobView) -> Markup {
             }
             @if let Some(e) = &v.last_error {
                 dt { "last error" } dd class="err" { (e) }
+            }
+            @if let Some((b, progress)) = &v.batch {
+                dt { "batch" }
+                dd data-field="batch" {
+                    (b)
+                    @if let Some(p) = progress { " · " (p) }
+                }
             }
             @if let Some(p) = &v.pipeline {
                 dt { "pipeline" }
