@@ -78,6 +78,12 @@ pub struct BenchArgs {
     /// process, sampling its RSS as the backlog goes down.
     #[arg(long)]
     pub backlog: Option<usize>,
+    /// Also enqueue this many jobs in one SQL transaction (`enqueue_many()`, as `jobwarden
+    /// enqueue-many` does) and drain them through a `jobwarden run` process; then the same
+    /// number again as one batch (`enqueue_batch()`, with an on_complete callback): enqueue
+    /// time and drain throughput of each, to compare.
+    #[arg(long)]
+    pub enqueue_many: Option<usize>,
     /// Only time the operator's answers (stats, the dashboard's overview, queue depths, the
     /// dead-letter list) on a table holding this many finished jobs (e.g. 10000000).
     #[arg(long)]
@@ -293,6 +299,10 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         }
         if let Some(n) = args.backlog {
             worker_process(&base, &app.url, n, args.concurrency, true).await?;
+        }
+        if let Some(n) = args.enqueue_many {
+            sql_drain(&base, &app.url, n, args.concurrency, false).await?;
+            sql_drain(&base, &app.url, n, args.concurrency, true).await?;
         }
     }
     if !args.no_recovery {
@@ -714,6 +724,118 @@ pub async fn publish_keyed(
     for a in acks {
         a.await.context("publish ack")?;
     }
+    Ok(())
+}
+
+/// Enqueues `n` jobs through SQL in one transaction (as plain members of `enqueue_many()`, or
+/// as one batch), then drains them through a `jobwarden run` process (the HTTP handler, to
+/// the no-op app at `url`): prints the enqueue time and the drain's throughput, counted from
+/// the process's start until every job has completed (and, for the batch, its callback ran).
+async fn sql_drain(
+    base: &Config,
+    url: &str,
+    n: usize,
+    concurrency: usize,
+    batch: bool,
+) -> Result<()> {
+    use jobwarden::client::{Batch, BulkJob, Client};
+    let policy = QueueConfig {
+        concurrency,
+        handler: Some(HandlerConfig::Http { url: url.into() }),
+        ..QueueConfig::default()
+    };
+    let (config, store, broker) = provisioned(base, "benchs", "bench", policy).await?;
+    let client = Client::new(store.clone(), broker.clone());
+    let jobs: Vec<BulkJob> = (0..n)
+        .map(|i| BulkJob::new("bench", json!({ "i": i }), Default::default()))
+        .collect();
+    let enqueued = Instant::now();
+    {
+        let mut conn = store.raw().await?;
+        let tx = conn.transaction().await?;
+        if batch {
+            for chunk in jobs.chunks(jobwarden::contract::MAX_ENQUEUE_MANY) {
+                let b = Batch {
+                    id: None,
+                    jobs: chunk.to_vec(),
+                    on_complete: Some(BulkJob::new(
+                        "bench",
+                        json!({"callback": true}),
+                        Default::default(),
+                    )),
+                    on_success: None,
+                };
+                client.enqueue_batch_in(&*tx, &b).await?;
+            }
+        } else {
+            for chunk in jobs.chunks(10_000) {
+                client.enqueue_many_in(&*tx, chunk).await?;
+            }
+        }
+        tx.commit().await?;
+    }
+    let enqueue_took = enqueued.elapsed();
+    // The callback(s) of the batch are jobs too.
+    let total = if batch {
+        n + n.div_ceil(jobwarden::contract::MAX_ENQUEUE_MANY)
+    } else {
+        n
+    };
+    let name = config.database.schema.clone();
+    let path = std::env::temp_dir().join(format!("{name}.toml"));
+    std::fs::write(&path, config.to_redacted_toml())?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--config", path.to_str().expect("utf-8"), "run"])
+        .env("JOBWARDEN_DATABASE__URL", &base.database.url)
+        .env("JOBWARDEN_NATS__URL", &base.nats.url)
+        .env("JOBWARDEN_WORKER__HOSTNAME", "bench-process")
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .context("starting a worker process")?;
+    let started = Instant::now();
+    let db = store.raw().await?;
+    let result = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err(anyhow::anyhow!("the worker process exited: {status}"));
+        }
+        let done: i64 = db
+            .query_one("SELECT count(*) FROM jobs WHERE status = 'completed'", &[])
+            .await?
+            .get(0);
+        if done as usize >= total {
+            break Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(3600) {
+            break Err(anyhow::anyhow!(
+                "{done} of {total} jobs done within an hour"
+            ));
+        }
+    };
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&path);
+    drop(db);
+    let _ = broker.js.delete_stream(&config.nats.stream).await;
+    store.drop_schema().await?;
+    let took = result?;
+    println!(
+        "{n} jobs enqueued through SQL {} in one transaction in {:.2}s ({:.0} jobs/s); drained \
+         through `jobwarden run` (http handler, {concurrency} slots) in {:.2}s: {:.0} jobs/s",
+        if batch {
+            "as one batch (enqueue_batch, an on_complete callback)"
+        } else {
+            "(enqueue_many)"
+        },
+        enqueue_took.as_secs_f64(),
+        n as f64 / enqueue_took.as_secs_f64(),
+        took.as_secs_f64(),
+        total as f64 / took.as_secs_f64(),
+    );
     Ok(())
 }
 
