@@ -139,7 +139,19 @@ handler = {{ kind = "rust", name = "r" }}
     );
     let show = text(&env.cli(&["jobs", "show", "pay-1"]));
     assert!(show.contains("awaiting until:"), "{show}");
-    assert!(common::metrics(&w).await.contains(r#"outcome="deferred""#));
+    let metrics = common::metrics(&w).await;
+    assert!(metrics.contains(r#"outcome="deferred""#), "{metrics}");
+    let stats: Value =
+        serde_json::from_slice(&env.cli(&["stats", "--json"]).stdout).unwrap_or_default();
+    let pay = stats["queues"]
+        .as_array()
+        .and_then(|q| q.iter().find(|r| r["queue"] == "pay"))
+        .cloned();
+    assert_eq!(
+        pay.map(|r| r["awaiting"].clone()),
+        Some(json!(2)),
+        "{stats}"
+    );
 
     // Refusals: a forged token, an unknown job, a token of another job, a malformed body.
     let forged = format!("{}.{}", t1.split('.').next().unwrap(), "0".repeat(32));

@@ -13,6 +13,8 @@ pub struct QueueStats {
     pub queued: i64,
     pub scheduled: i64,
     pub processing: i64,
+    /// Deferred by their handler, awaiting a completion from outside (version 31).
+    pub awaiting: i64,
     pub completed_24h: i64,
     pub dead_24h: i64,
     pub oldest_queued_seconds: Option<f64>,
@@ -184,6 +186,7 @@ impl Store {
                 p50_run_seconds: r.get(7),
                 p95_run_seconds: r.get(8),
                 retry_rate: r.get(9),
+                awaiting: r.get(10),
             })
             .collect())
     }

@@ -33,11 +33,12 @@ pub fn format_workers(rows: &[WorkerRow]) -> String {
 /// The `jobwarden stats` table.
 pub fn format_stats(rows: &[QueueStats]) -> String {
     let mut out = format!(
-        "{:<12} {:>7} {:>9} {:>10} {:>13} {:>8} {:>13} {:>8} {:>8} {:>7}\n",
+        "{:<12} {:>7} {:>9} {:>10} {:>8} {:>13} {:>8} {:>13} {:>8} {:>8} {:>7}\n",
         "queue",
         "queued",
         "scheduled",
         "processing",
+        "awaiting",
         "completed 24h",
         "dead 24h",
         "oldest queued",
@@ -48,11 +49,12 @@ pub fn format_stats(rows: &[QueueStats]) -> String {
     let secs = |s: Option<f64>| s.map(|v| format!("{v:.3}s")).unwrap_or_else(|| "-".into());
     for r in rows {
         out.push_str(&format!(
-            "{:<12} {:>7} {:>9} {:>10} {:>13} {:>8} {:>13} {:>8} {:>8} {:>6.1}%\n",
+            "{:<12} {:>7} {:>9} {:>10} {:>8} {:>13} {:>8} {:>13} {:>8} {:>8} {:>6.1}%\n",
             r.queue,
             r.queued,
             r.scheduled,
             r.processing,
+            r.awaiting,
             r.completed_24h,
             r.dead_24h,
             r.oldest_queued_seconds

@@ -288,7 +288,7 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
     );
     let app = match app_url {
         Some(a) => Some(a),
-        None if !args.no_process || args.backlog.is_some() => {
+        None if !args.no_process || args.backlog.is_some() || args.enqueue_many.is_some() => {
             Some(NoopApp::start(Arc::new(Probe::default())).await?)
         }
         None => None,
