@@ -18,11 +18,12 @@ use std::time::Duration;
 /// seconds (`600`) or as a duration (`10m`, `1h 30m`).
 pub const DEFER_HEADER: &str = "Jobwarden-Defer";
 
-/// HMAC-SHA256's inner and outer keys (the schema's `completion_key` row).
+/// HMAC-SHA256 under the schema's `completion_key` (its inner and outer pads), kept as the
+/// two hash states after each pad's block: a token costs two short hashes, not four blocks.
 #[derive(Clone)]
 pub struct CompletionKey {
-    ipad: [u8; 64],
-    opad: [u8; 64],
+    inner: Sha256,
+    outer: Sha256,
 }
 
 impl fmt::Debug for CompletionKey {
@@ -34,34 +35,30 @@ impl fmt::Debug for CompletionKey {
 impl CompletionKey {
     /// The key from the row's two columns; `None` unless both are 64 bytes.
     pub fn from_pads(ipad: &[u8], opad: &[u8]) -> Option<CompletionKey> {
+        let (ipad, opad): (&[u8; 64], &[u8; 64]) = (ipad.try_into().ok()?, opad.try_into().ok()?);
         Some(CompletionKey {
-            ipad: ipad.try_into().ok()?,
-            opad: opad.try_into().ok()?,
+            inner: Sha256::new().chain_update(ipad),
+            outer: Sha256::new().chain_update(opad),
         })
     }
 
     /// A key no schema holds: tokens it makes are refused everywhere (a detached context's).
     pub fn unusable() -> CompletionKey {
-        CompletionKey {
-            ipad: [0x36; 64],
-            opad: [0x5c; 64],
-        }
+        CompletionKey::from_pads(&[0x36; 64], &[0x5c; 64]).expect("64-byte pads")
     }
 
     /// The token of attempt `lease` of job `id`.
     pub fn token(&self, id: &str, lease: i64) -> String {
         let mut lease_text = itoa::Buffer::new();
         let lease_text = lease_text.format(lease);
-        let inner = Sha256::new()
-            .chain_update(self.ipad)
+        let inner = self
+            .inner
+            .clone()
             .chain_update(id.as_bytes())
             .chain_update([0u8])
             .chain_update(lease_text.as_bytes())
             .finalize();
-        let mac = Sha256::new()
-            .chain_update(self.opad)
-            .chain_update(inner)
-            .finalize();
+        let mac = self.outer.clone().chain_update(inner).finalize();
         let mut out = String::with_capacity(lease_text.len() + 33);
         out.push_str(lease_text);
         out.push('.');

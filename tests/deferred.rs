@@ -264,7 +264,7 @@ handler = { kind = "rust", name = "d" }
         async move {
             t.lock()
                 .unwrap()
-                .insert((job.id.clone(), job.attempt), job.completion_token.clone());
+                .insert((job.id.clone(), job.attempt), job.completion_token());
             job.defer(Duration::from_millis(800))
         }
     });
@@ -495,7 +495,7 @@ handler = { kind = "rust", name = "d" }
         async move {
             t.lock()
                 .unwrap()
-                .insert((job.id.clone(), job.attempt), job.completion_token.clone());
+                .insert((job.id.clone(), job.attempt), job.completion_token());
             if job.payload["defer"] == json!(false) {
                 return Err(JobError::permanent("not deferred"));
             }

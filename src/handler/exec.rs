@@ -89,7 +89,7 @@ impl ExecHandler {
             .env("JOB_MAX_ATTEMPTS", job.max_attempts.to_string())
             .env("JOBWARDEN_API", &job.api_base)
             .env("JOB_PROGRESS_URL", job.progress_url())
-            .env("JOB_COMPLETION_TOKEN", &job.completion_token)
+            .env("JOB_COMPLETION_TOKEN", job.completion_token())
             .process_group(0) // its own group, id = its pid
             .kill_on_drop(true)
             .stdin(Stdio::piped())

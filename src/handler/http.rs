@@ -48,7 +48,7 @@ struct JobRequest<'a> {
     parents: Option<&'a Value>,
     progress_url: String,
     /// Completes or fails this attempt from outside once the response deferred it.
-    completion_token: &'a str,
+    completion_token: String,
 }
 
 impl HttpHandler {
@@ -96,7 +96,7 @@ impl HttpHandler {
             payload: &job.payload,
             parents: job.parents.as_ref(),
             progress_url: job.progress_url(),
-            completion_token: &job.completion_token,
+            completion_token: job.completion_token(),
         })?;
         let deadline_ms = u64::try_from(job.timeout.as_millis()).unwrap_or(u64::MAX);
         let mut req = origin.post(body.len());
@@ -284,7 +284,7 @@ mod tests {
             "id": "job-1", "queue": "emails", "attempt": 2, "max_attempts": 5,
             "payload": {"to": "a@b.c"},
             "progress_url": "http://127.0.0.1:7433/v1/jobs/job-1/progress?lease=1",
-            "completion_token": job().completion_token,
+            "completion_token": job().completion_token(),
         });
         assert_eq!(serde_json::from_str::<Value>(body).unwrap(), expected);
 

@@ -137,11 +137,9 @@ pub struct JobContext {
     /// The fencing token of this attempt: progress reports name it, so a report from an
     /// attempt that was stopped never counts for a later one.
     pub lease: i64,
-    /// The token that completes or fails this attempt from outside once the handler has
-    /// deferred it ([`JobContext::defer`]): `<lease>.<32 hex digits>`. Pass it to whatever
-    /// will report the outcome (a payment provider's webhook, an approval link); see
-    /// [`crate::completion`].
-    pub completion_token: String,
+    /// The schema's completion key: [`JobContext::completion_token`] is made with it, when
+    /// asked for (a handler that never defers never pays for it).
+    pub(crate) completion_key: Arc<crate::completion::CompletionKey>,
     pub(crate) control: Arc<AttemptControl>,
     pub(crate) progress: Arc<dyn ProgressSink>,
 }
@@ -178,13 +176,21 @@ impl JobContext {
         )
     }
 
+    /// The token that completes or fails this attempt from outside once the handler has
+    /// deferred it ([`JobContext::defer`]): `<lease>.<32 hex digits>`. Pass it to whatever
+    /// will report the outcome (a payment provider's webhook, an approval link); see
+    /// [`crate::completion`].
+    pub fn completion_token(&self) -> String {
+        self.completion_key.token(&self.id, self.lease)
+    }
+
     /// Defers the job: the handler has handed the work to something that will report its
     /// outcome later, with [`JobContext::completion_token`], through `complete` or `fail`
     /// (the local API's `POST /v1/jobs/<id>/complete`, SQL `complete(id, token, result)`,
     /// `jobwarden jobs complete`, [`crate::Client::complete`]). Return what this returns:
     ///
     /// ```ignore
-    /// start_payment(&job.payload, &job.completion_token).await?;
+    /// start_payment(&job.payload, &job.completion_token()).await?;
     /// return job.defer(Duration::from_secs(900));
     /// ```
     ///
@@ -243,7 +249,7 @@ impl JobContext {
             worker_id: "detached".into(),
             cancel: control.token().clone(),
             lease: 1,
-            completion_token: crate::completion::CompletionKey::unusable().token(id, 1),
+            completion_key: Arc::new(crate::completion::CompletionKey::unusable()),
             control,
             progress: Arc::new(Nowhere),
         }

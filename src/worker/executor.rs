@@ -65,7 +65,7 @@ pub(crate) async fn execute(
         worker_id: shared.worker_id.clone(),
         cancel: control.token().clone(),
         lease: job.lease,
-        completion_token: shared.completion_key.token(&job.id, job.lease),
+        completion_key: shared.completion_key.clone(),
         control: control.clone(),
         progress: Arc::new(WorkerProgress(shared.clone())),
     };

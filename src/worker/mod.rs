@@ -286,7 +286,7 @@ pub(crate) struct Shared {
     pub lanes: Vec<Lane>,
     pub api_base: String,
     /// The schema's completion key: each attempt's completion token is made with it.
-    pub completion_key: crate::completion::CompletionKey,
+    pub completion_key: Arc<crate::completion::CompletionKey>,
     /// Producers stop fetching when this fires (shutdown, drain).
     pub fetch_cancel: CancellationToken,
     /// Producers and their running jobs.
@@ -571,7 +571,7 @@ impl Worker {
                 .flat_map(|l| l.iter().map(|(lane, _)| lane.clone()))
                 .collect(),
             api_base: format!("http://{}", listeners.api_addr),
-            completion_key,
+            completion_key: Arc::new(completion_key),
             config: config.clone(),
             fetch_cancel: cancel.child_token(),
             producers: TaskTracker::new(),
