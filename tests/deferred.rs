@@ -11,7 +11,7 @@ use common::with_id as opts;
 use common::{text, wait_for, ChildWorker, TestEnv};
 use jobwarden::client::{EnqueueOptions, Then};
 use jobwarden::completion::{Ended, Refusal};
-use jobwarden::handler::{from_fn, JobError};
+use jobwarden::handler::from_fn;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -49,6 +49,20 @@ async fn deferring_app(tokens: Tokens, defer: &'static str) -> String {
     );
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}/jobs")
+}
+
+/// A Rust handler that records each attempt's token and defers its job for `deadline`.
+fn deferring(tokens: Tokens, deadline: Duration) -> Arc<dyn jobwarden::Handler> {
+    from_fn(move |job| {
+        let tokens = tokens.clone();
+        async move {
+            tokens
+                .lock()
+                .unwrap()
+                .insert((job.id.clone(), job.attempt), job.completion_token());
+            job.defer(deadline)
+        }
+    })
 }
 
 fn token(tokens: &Tokens, id: &str, attempt: u32) -> String {
@@ -258,16 +272,7 @@ handler = { kind = "rust", name = "d" }
     )
     .await;
     let tokens: Tokens = Arc::default();
-    let t = tokens.clone();
-    let h = from_fn(move |job| {
-        let t = t.clone();
-        async move {
-            t.lock()
-                .unwrap()
-                .insert((job.id.clone(), job.attempt), job.completion_token());
-            job.defer(Duration::from_millis(800))
-        }
-    });
+    let h = deferring(tokens.clone(), Duration::from_millis(800));
     let w = env.worker(&[("d", h)]).await;
     let c = env.client();
     c.enqueue(
@@ -489,19 +494,7 @@ handler = { kind = "rust", name = "d" }
     )
     .await;
     let tokens: Tokens = Arc::default();
-    let t = tokens.clone();
-    let h = from_fn(move |job| {
-        let t = t.clone();
-        async move {
-            t.lock()
-                .unwrap()
-                .insert((job.id.clone(), job.attempt), job.completion_token());
-            if job.payload["defer"] == json!(false) {
-                return Err(JobError::permanent("not deferred"));
-            }
-            job.defer(Duration::from_secs(3600))
-        }
-    });
+    let h = deferring(tokens.clone(), Duration::from_secs(3600));
     let w = env.worker(&[("d", h)]).await;
     env.client()
         .enqueue("approve", json!({}), opts("expense-9"))
@@ -614,4 +607,57 @@ fn tempdir() -> std::path::PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+#[tokio::test]
+async fn a_sql_completion_is_part_of_the_callers_transaction() {
+    let env = TestEnv::new(
+        r#"[queues.approve]
+handler = { kind = "rust", name = "d" }
+"#,
+    )
+    .await;
+    let tokens: Tokens = Arc::default();
+    let w = env
+        .worker(&[("d", deferring(tokens.clone(), Duration::from_secs(3600)))])
+        .await;
+    env.client()
+        .enqueue("approve", json!({}), opts("po-7"))
+        .await
+        .unwrap();
+    assert!(env.wait_status("po-7", "awaiting", 20).await);
+    let t = token(&tokens, "po-7", 1);
+    let mut c = env.store.raw().await.unwrap();
+    // The approval's own write and the completion commit together, or neither does.
+    let tx = c.transaction().await.unwrap();
+    let said: String = tx
+        .query_one(
+            "SELECT complete('po-7', $1, '{\"approved_by\": \"ana\"}')",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(said, "completed");
+    tx.rollback().await.unwrap();
+    assert_eq!(env.status_of("po-7").await.as_deref(), Some("awaiting"));
+    let tx = c.transaction().await.unwrap();
+    tx.query_one(
+        "SELECT complete('po-7', $1, '{\"approved_by\": \"ana\"}')",
+        &[&t],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(env.status_of("po-7").await.as_deref(), Some("completed"));
+    // A forged token raises in the caller's session (JW403): its transaction is aborted.
+    let e = c
+        .query_one(
+            "SELECT fail('po-7', '1.00000000000000000000000000000000', 'x')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("JW403"));
+    w.shutdown().await;
 }

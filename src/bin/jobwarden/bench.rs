@@ -727,6 +727,40 @@ pub async fn publish_keyed(
     Ok(())
 }
 
+/// A `jobwarden run` process on `config` (written to a temp file, its secrets redacted; the
+/// real URLs of the servers go in its environment).
+struct WorkerProcess {
+    child: std::process::Child,
+    path: std::path::PathBuf,
+}
+
+impl WorkerProcess {
+    fn start(base: &Config, config: &Config) -> Result<WorkerProcess> {
+        let path = std::env::temp_dir().join(format!("{}.toml", config.database.schema));
+        std::fs::write(&path, config.to_redacted_toml())?;
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["--config", path.to_str().expect("utf-8"), "run"])
+            .env("JOBWARDEN_DATABASE__URL", &base.database.url)
+            .env("JOBWARDEN_NATS__URL", &base.nats.url)
+            .env("JOBWARDEN_WORKER__HOSTNAME", "bench-process")
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .context("starting a worker process")?;
+        Ok(WorkerProcess { child, path })
+    }
+
+    /// SIGTERM, then waits for it to exit.
+    fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Enqueues `n` jobs through SQL in one transaction (as plain members of `enqueue_many()`, or
 /// as one batch), then drains them through a `jobwarden run` process (the HTTP handler, to
 /// the no-op app at `url`): prints the enqueue time and the drain's throughput, counted from
@@ -781,18 +815,8 @@ async fn sql_drain(
     } else {
         n
     };
-    let name = config.database.schema.clone();
-    let path = std::env::temp_dir().join(format!("{name}.toml"));
-    std::fs::write(&path, config.to_redacted_toml())?;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["--config", path.to_str().expect("utf-8"), "run"])
-        .env("JOBWARDEN_DATABASE__URL", &base.database.url)
-        .env("JOBWARDEN_NATS__URL", &base.nats.url)
-        .env("JOBWARDEN_WORKER__HOSTNAME", "bench-process")
-        .env("RUST_LOG", "error")
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .context("starting a worker process")?;
+    let mut process = WorkerProcess::start(base, &config)?;
+    let child = &mut process.child;
     let started = Instant::now();
     let db = store.raw().await?;
     let result = loop {
@@ -813,12 +837,7 @@ async fn sql_drain(
             ));
         }
     };
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = child.wait();
-    let _ = std::fs::remove_file(&path);
+    process.stop();
     drop(db);
     let _ = broker.js.delete_stream(&config.nats.stream).await;
     store.drop_schema().await?;
@@ -856,23 +875,12 @@ async fn worker_process(
         ..QueueConfig::default()
     };
     let (config, store, broker) = provisioned(base, "benchp", "bench", policy).await?;
-    let name = config.database.schema.clone();
     let subject = broker.subject("bench");
     let published = Instant::now();
     publish(&broker, &subject, n, None).await?;
     let publish_took = published.elapsed();
-    let path = std::env::temp_dir().join(format!("{name}.toml"));
-    std::fs::write(&path, config.to_redacted_toml())?;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["--config", path.to_str().expect("utf-8"), "run"])
-        // The real URLs (the file has them redacted).
-        .env("JOBWARDEN_DATABASE__URL", &base.database.url)
-        .env("JOBWARDEN_NATS__URL", &base.nats.url)
-        .env("JOBWARDEN_WORKER__HOSTNAME", "bench-process")
-        .env("RUST_LOG", "error")
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .context("starting a worker process")?;
+    let mut process = WorkerProcess::start(base, &config)?;
+    let child = &mut process.child;
     let pid = child.id().to_string();
     let mut stream = broker.stream().await?;
     let started = Instant::now();
@@ -901,12 +909,7 @@ async fn worker_process(
         }
     };
     let peak = proc_status_mib(&pid, "VmHWM:");
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = child.wait();
-    let _ = std::fs::remove_file(&path);
+    process.stop();
     let _ = broker.js.delete_stream(&config.nats.stream).await;
     store.drop_schema().await?;
     let took = result?;
