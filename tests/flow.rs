@@ -1464,3 +1464,77 @@ async fn a_worker_stopping_with_claims_in_flight_and_messages_waiting_to_be_clai
     each_completed_once(&env, 600).await;
     env.wait_consumer_drained("work").await;
 }
+
+/// Two workers' takes of one rate-limited queue never wait for each other's grant rows: a
+/// take deletes the rows that count for nothing any more, and skips one another worker's
+/// take is writing (that worker waits for the queue's row this take holds: waiting for its
+/// rows was a deadlock, found by PostgreSQL after a second; version 33).
+#[tokio::test]
+async fn a_take_skips_the_spent_grant_rows_another_workers_take_is_writing() {
+    let env = TestEnv::new(
+        "[queues.work]\nconcurrency = 2\nrate_limit = \"100/1s\"\n\
+         handler = { kind = \"rust\", name = \"h\" }\n",
+    )
+    .await;
+    env.register_other("a").await;
+    env.register_other("b").await;
+    let c = env.store.raw().await.unwrap();
+    c.execute(
+        "INSERT INTO flow_grants (queue, worker_id, granted_at, started_at, done, done_at, \
+         per_batch, held, running, started) \
+         VALUES ('work', 'a', now() - interval '1 minute', now() - interval '1 minute', true, \
+                 now() - interval '1 minute', true, 0, 0, 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+    // Worker a's take has written its rows and not committed yet.
+    let mut a = env.store.raw().await.unwrap();
+    let a_take = a.transaction().await.unwrap();
+    a_take
+        .execute(
+            "UPDATE flow_grants SET started = started WHERE worker_id = 'a'",
+            &[],
+        )
+        .await
+        .unwrap();
+    // Worker b's take meanwhile: it must not wait for a's rows.
+    let mut b = env.store.raw().await.unwrap();
+    let b_take = b.transaction().await.unwrap();
+    b_take
+        .batch_execute("SET LOCAL statement_timeout = '3s'")
+        .await
+        .unwrap();
+    let took = std::time::Instant::now();
+    let got = b_take
+        .query(
+            "SELECT * FROM flow_take('work', 'b', 1, NULL, 100, 1000, '{}', '{}', '{}', '{}')",
+            &[],
+        )
+        .await;
+    assert!(got.is_ok(), "b's take waited for a's rows: {got:?}");
+    assert!(
+        took.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        took.elapsed()
+    );
+    b_take.commit().await.unwrap();
+    a_take.rollback().await.unwrap();
+    // The spent row goes in a later round.
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM flow_grants WHERE worker_id = 'a'")
+            .await,
+        1
+    );
+    c.query(
+        "SELECT * FROM flow_take('work', 'b', 1, NULL, 100, 1000, '{}', '{}', '{}', '{}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM flow_grants WHERE worker_id = 'a'")
+            .await,
+        0
+    );
+}
