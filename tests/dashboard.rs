@@ -1328,3 +1328,51 @@ async fn an_ordered_keys_dead_job_is_skipped_from_its_page_and_the_busiest_keys_
     b.close().await.unwrap();
     worker.shutdown().await;
 }
+
+/// A batch member's page shows the batch's progress, and an awaiting job its deadline.
+#[tokio::test]
+async fn a_members_page_shows_its_batchs_progress_and_an_awaiting_jobs_deadline() {
+    let Some(driver) = Driver::start() else {
+        return;
+    };
+    let env = TestEnv::new(&format!(
+        "[queues.work]\nhandler = {{ kind = \"rust\", name = \"h\" }}\n\
+         [dashboard]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{TOKEN}\"\n"
+    ))
+    .await;
+    let h = from_fn(|job| async move {
+        if job.payload["defer"] == json!(true) {
+            return job.defer(Duration::from_secs(600));
+        }
+        Ok(None)
+    });
+    let worker = env.worker(&[("h", h)]).await;
+    let base = format!("http://{}", worker.dashboard_addr.expect("dashboard on"));
+    let member = |id: &str, defer: bool| {
+        jobwarden::client::BulkJob::new(
+            "work",
+            json!({ "defer": defer }),
+            EnqueueOptions {
+                id: Some(id.into()),
+                ..Default::default()
+            },
+        )
+    };
+    let batch = jobwarden::client::Batch {
+        id: Some("b-7".into()),
+        jobs: vec![member("b-7-done", false), member("b-7-wait", true)],
+        ..Default::default()
+    };
+    env.client().enqueue_batch(&batch).await.unwrap();
+    assert!(env.wait_status("b-7-wait", "awaiting", 20).await);
+    assert!(env.wait_status("b-7-done", "completed", 20).await);
+    let b = driver.browser("batch").await;
+    b.goto(&format!("{base}/job?id=b-7-wait")).await.unwrap();
+    assert_eq!(text(&b, "dd[data-field='status']").await, "awaiting");
+    let batch_line = text(&b, "dd[data-field='batch']").await;
+    assert_eq!(batch_line, "b-7 · 1 of 2 ended (1 completed, 1 running)");
+    let page = b.source().await.unwrap();
+    assert!(page.contains("awaiting until"), "{page}");
+    b.close().await.unwrap();
+    worker.shutdown().await;
+}
