@@ -164,6 +164,64 @@ proptest! {
         }
     }
 
+    /// The batch door (`enqueue_batch()`, version 32) judges a member as the bulk door does
+    /// (`jobs[1].<field>`) and a callback as one enqueue (`batch.on_complete.<field>`; a
+    /// callback may depend on nothing).
+    #[test]
+    fn enqueue_batch_judges_members_and_callbacks_as_the_contract_does(spec in spec(0, false)) {
+        let text = spec.to_string();
+        let rust = rust_verdict(&text, Door::Enqueue, None);
+        let run = |batch: String| {
+            sql(
+                &format!(
+                    "DO $jw$ BEGIN PERFORM enqueue_batch('{}'::jsonb); \
+                     RAISE EXCEPTION 'jw: accepted'; END $jw$",
+                    batch.replace('\'', "''")
+                ),
+                &[],
+            )
+            .expect_err("the DO block always raises")
+        };
+        let member = run(format!(r#"{{"jobs": [{text}]}}"#));
+        let callback = run(format!(
+            r#"{{"jobs": [{{"queue": "q", "payload": {{}}}}], "on_complete": {text}}}"#
+        ));
+        match rust {
+            Verdict::Accepted => {
+                prop_assert!(
+                    member == "jw: accepted" || member.contains("which does not exist"),
+                    "spec {} accepted by the contract, refused as a member: {}", text, member
+                );
+                if spec.get("depends_on").is_none() {
+                    prop_assert_eq!(&callback, "jw: accepted", "spec {}", text);
+                }
+                // The same callback waiting for a parent is refused.
+                let mut waits = spec.clone();
+                waits["depends_on"] = serde_json::json!(["p-1"]);
+                let refused = run(format!(
+                    r#"{{"jobs": [{{"queue": "q", "payload": {{}}}}], "on_complete": {waits}}}"#
+                ));
+                prop_assert!(
+                    refused.contains("depends on nothing else"),
+                    "spec {} with depends_on taken as a callback: {}", waits, refused
+                );
+            }
+            Verdict::Refused(Some(f)) => {
+                prop_assert_eq!(
+                    field_of(&member), Some(format!("jobs[1].{f}")), "spec {}: {}", text, member
+                );
+                prop_assert_eq!(
+                    field_of(&callback), Some(format!("batch.on_complete.{f}")),
+                    "spec {}: {}", text, callback
+                );
+            }
+            Verdict::Refused(None) => {
+                prop_assert_ne!(member, "jw: accepted");
+                prop_assert_ne!(callback, "jw: accepted");
+            }
+        }
+    }
+
     #[test]
     fn rust_and_sql_read_durations_alike(text in duration_text()) {
         let rust = contract::parse_duration_ns(&text);
