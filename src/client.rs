@@ -183,6 +183,7 @@ impl Client {
             then: None,
             expires_at_ms: checked.expires_at_ms,
             key: checked.key,
+            batch: None,
         };
         // The message the job will travel in (now, or when the scheduler publishes it) must
         // fit the server: say so now rather than store a job that can never be published.

@@ -135,6 +135,12 @@ pub const MAX_DEPENDS_ON: usize = 100;
 /// Most jobs one bulk enqueue (`enqueue_many()`) takes; more go in several calls, in one
 /// transaction if they must be atomic.
 pub const MAX_ENQUEUE_MANY: usize = 100_000;
+/// Longest batch id, in bytes: its callbacks' ids add `.on_complete` or `.on_success` to it.
+pub const MAX_BATCH_ID_BYTES: usize = MAX_ID_BYTES - 16;
+/// Most members a batch published over NATS may declare (`batch.size`).
+pub const MAX_BATCH_SIZE: i64 = 100_000_000;
+/// The fields of a message's `batch` object.
+pub const BATCH_FIELDS: &[&str] = &["id", "size", "on_complete", "on_success"];
 /// Largest result a job may store, as JSON text: a completion from outside with a larger one
 /// is refused, a handler's larger result is replaced by `{"omitted": "<why>"}`.
 pub const MAX_RESULT_BYTES: usize = crate::backoff::MAX_RESULT_BYTES;
@@ -291,10 +297,11 @@ const ADDED_FIELDS: &[(&str, u32)] = &[
     ("debounce_max_wait", 23),
     ("throttle", 23),
     ("unique_for", 23),
+    ("batch", 34),
 ];
 
 /// The schema versions whose migrations render the field lists (see [`ADDED_FIELDS`]).
-const FIELD_LIST_VERSIONS: &[u32] = &[14, 18, 20, 23];
+const FIELD_LIST_VERSIONS: &[u32] = &[14, 18, 20, 23, 34];
 
 /// Where a spec comes in: which fields it may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,6 +336,7 @@ impl Door {
                 "debounce_max_wait",
                 "throttle",
                 "unique_for",
+                "batch",
             ],
             Door::Then => &[
                 "queue",
@@ -472,6 +480,20 @@ pub fn check_id(id: &str) -> Result<(), String> {
     if id == "." || id == ".." {
         return Err(format!(
             "{id:?} cannot be an id (URL paths collapse it); add a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a batch id: an id (it is part of its callbacks' ids), short enough for
+/// `<batch>.on_complete`.
+pub fn check_batch_id(id: &str) -> Result<(), String> {
+    check_id(id)?;
+    if id.len() > MAX_BATCH_ID_BYTES {
+        return Err(format!(
+            "is {} bytes long, the limit for a batch id is {MAX_BATCH_ID_BYTES} (its callbacks' \
+             ids add \".on_complete\" to it)",
+            id.len()
         ));
     }
     Ok(())
@@ -834,6 +856,45 @@ pub struct Spec {
     pub key: Option<String>,
     /// Debounce, throttle, unique_for (schema version 23).
     pub gate: Gate,
+    /// The batch a message's job is a member of (schema version 34).
+    pub batch: Option<BatchDecl>,
+}
+
+/// A message's `batch` (schema version 34): the batch its job is a member of, as every
+/// member declares it — its id, how many members it has, and its callbacks (checked as an
+/// enqueue's spec, stored as [`Spec::to_value`] writes it, so that two declarations that
+/// mean the same compare equal).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchDecl {
+    pub id: String,
+    pub size: i32,
+    pub on_complete: Option<Value>,
+    pub on_success: Option<Value>,
+}
+
+impl BatchDecl {
+    /// What the first member's declaration stores and every later one is compared with:
+    /// `{"size", "on_complete", "on_success"}` (absent callbacks left out).
+    pub fn declaration(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("size".into(), Value::from(self.size));
+        for (k, v) in [
+            ("on_complete", &self.on_complete),
+            ("on_success", &self.on_success),
+        ] {
+            if let Some(v) = v {
+                m.insert(k.into(), v.clone());
+            }
+        }
+        Value::Object(m)
+    }
+
+    /// The whole object, as a message carries it.
+    pub fn to_value(&self) -> Value {
+        let mut v = self.declaration();
+        v["id"] = Value::from(self.id.clone());
+        v
+    }
 }
 
 impl Spec {
@@ -882,6 +943,7 @@ impl Spec {
         ] {
             put(field, ms.map(|ms| Value::from(format!("{ms}ms"))));
         }
+        put("batch", self.batch.as_ref().map(BatchDecl::to_value));
         Value::Object(m)
     }
 }
@@ -1066,6 +1128,11 @@ fn check_at(
     };
     // Debounce, throttle, unique_for (version 23), after the key they need.
     let gate = check_gate(obj, door, at)?;
+    // The batch (version 34, a message's only: the other doors do not list it), last.
+    let batch = match obj.get("batch") {
+        None | Some(Value::Null) => None,
+        Some(b) => Some(check_batch(b, payload_limit, &join(at, "batch"))?),
+    };
     let narrow = |v: Option<i64>| v.map(|v| v as i32);
     Ok(Spec {
         id,
@@ -1084,6 +1151,77 @@ fn check_at(
         expires_in_ms,
         key,
         gate,
+        batch,
+    })
+}
+
+/// Checks a message's `batch`: `{"id", "size", "on_complete", "on_success"}` — an id of
+/// [`check_batch_id`]'s rules, a size from 1 to [`MAX_BATCH_SIZE`], callbacks checked as an
+/// enqueue's spec (as SQL `enqueue_batch()` checks them). The twin of SQL
+/// `contract_check_batch()`.
+pub fn check_batch(
+    b: &Value,
+    payload_limit: Option<usize>,
+    at: &str,
+) -> Result<BatchDecl, Refused> {
+    let Value::Object(obj) = b else {
+        return Err(Refused::wrong(
+            at,
+            "an object, e.g. {\"id\": \"newsletter-7\", \"size\": 500}",
+            b,
+        ));
+    };
+    let mut keys: Vec<&String> = obj.keys().collect();
+    keys.sort();
+    if let Some(k) = keys
+        .into_iter()
+        .find(|k| !BATCH_FIELDS.contains(&k.as_str()))
+    {
+        return Err(Refused::Unknown {
+            field: join(at, k),
+            what: "a batch",
+            fields: BATCH_FIELDS.join(", "),
+        });
+    }
+    let id = match string(obj, at, "id")? {
+        Some(id) => {
+            check_batch_id(id).map_err(|e| Refused::bad(&join(at, "id"), e))?;
+            id.to_string()
+        }
+        None => {
+            return Err(Refused::Missing {
+                field: join(at, "id"),
+            })
+        }
+    };
+    let Some(size) = whole_in(obj, at, "size", 1, MAX_BATCH_SIZE)? else {
+        return Err(Refused::Missing {
+            field: join(at, "size"),
+        });
+    };
+    let callback = |field: &str| -> Result<Option<Value>, Refused> {
+        let path = join(at, field);
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(spec)) => {
+                let mut budget = MAX_THEN_JOBS;
+                let checked = check_at(spec, Door::Enqueue, payload_limit, &path, 0, &mut budget)?;
+                if spec.get("depends_on").is_some_and(|d| !d.is_null()) {
+                    return Err(Refused::bad(
+                        &join(&path, "depends_on"),
+                        "a callback runs when its batch has ended: it depends on nothing else",
+                    ));
+                }
+                Ok(Some(checked.to_value()))
+            }
+            Some(other) => Err(Refused::wrong(&path, "an object", other)),
+        }
+    };
+    Ok(BatchDecl {
+        id,
+        size: size as i32,
+        on_complete: callback("on_complete")?,
+        on_success: callback("on_success")?,
     })
 }
 
@@ -1354,6 +1492,8 @@ pub fn sql_values() -> Vec<(String, String)> {
         ("MAX_THEN_DEPTH", MAX_THEN_DEPTH.to_string()),
         ("MAX_DEPENDS_ON", MAX_DEPENDS_ON.to_string()),
         ("MAX_ENQUEUE_MANY", MAX_ENQUEUE_MANY.to_string()),
+        ("MAX_BATCH_ID_BYTES", MAX_BATCH_ID_BYTES.to_string()),
+        ("MAX_BATCH_SIZE", MAX_BATCH_SIZE.to_string()),
         ("MAX_RESULT_BYTES", MAX_RESULT_BYTES.to_string()),
         ("MAX_DURATION_TEXT", MAX_DURATION_TEXT.to_string()),
         ("MAX_DURATION_DECIMALS", MAX_DURATION_DECIMALS.to_string()),
@@ -1516,6 +1656,36 @@ pub fn json_schema() -> Value {
             "unique_for": {"$ref": "#/$defs/duration", "description": "The idempotency key is held this long only: a job with the same key within it is the same job, after it a new one. Needs `idempotency_key`. Absent: the queue's unique_for, else for ever."}
         }
     });
+    let callback = json!({
+        "description": "A job enqueued once when the batch has ended, with the batch's outcome as its parents' results: a spec as SQL enqueue() takes it (`queue`, `payload`, and any of its fields but `depends_on`). Its id, if it names none: <batch id>.on_complete or <batch id>.on_success.",
+        "type": ["object", "null"],
+        "required": ["queue", "payload"],
+        "properties": {
+            "queue": {"type": "string", "pattern": format!("^[A-Za-z0-9_-]{{1,{MAX_QUEUE_BYTES}}}$")},
+            "payload": {"$ref": "#/$defs/payload"},
+            "depends_on": {"not": {}}
+        }
+    });
+    let batch = json!({
+        "title": "The batch this job is a member of",
+        "description": "Every member carries the same object. The first member to arrive declares the batch (its size and callbacks); a member that declares it otherwise is kept as a dead member of it, saying why. The batch ends when `size` members have arrived and every one has ended: then `on_complete` runs (whatever became of them) and `on_success` (only if all completed), once. A new member of a finished batch, or of one enqueued whole through SQL, is kept as a dead job that says why.",
+        "type": ["object", "null"],
+        "additionalProperties": false,
+        "required": ["id", "size"],
+        "properties": {
+            "id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_BATCH_ID_BYTES,
+                "pattern": format!("^[^{}]+$", ecma_class(ID_FORBIDDEN)),
+                "not": {"enum": [".", ".."]},
+                "description": format!("The batch's id: the rules of a job id, at most {MAX_BATCH_ID_BYTES} bytes (UTF-8).")
+            },
+            "size": {"type": "integer", "minimum": 1, "maximum": MAX_BATCH_SIZE, "description": "How many members the batch has (how many messages carry this batch)."},
+            "on_complete": callback.clone(),
+            "on_success": callback
+        }
+    });
     let fields: Vec<&str> = Door::Message.fields().to_vec();
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -1555,6 +1725,7 @@ pub fn json_schema() -> Value {
                     "debounce_max_wait": {"$ref": "#/$defs/duration", "description": "With debounce: the job runs at the latest this long after the first collapsed job came, however busy the key. At least the debounce."},
                     "throttle": {"$ref": "#/$defs/duration", "description": "At most one job of this key (and queue) per window: a later one ends at once, `cancelled` with last_error `throttled: ...`. Needs a key. Not with debounce."},
                     "unique_for": {"$ref": "#/$defs/duration", "description": "The idempotency key is held this long only: a job with the same key within it is the same job, after it a new one. Needs `idempotency_key`. Absent: the queue's unique_for, else for ever."},
+                    "batch": {"$ref": "#/$defs/batch"},
                     "depends_on": {
                         "description": "Not accepted in a published message: a job that waits for others must be stored before anything runs it (SQL enqueue(..., depends_on => ...), the Rust client, or `jobwarden enqueue --depends-on`). A message with this key is dead-lettered with that reason.",
                         "not": {}
@@ -1575,7 +1746,8 @@ pub fn json_schema() -> Value {
             "jobKey": job_key,
             "duration": duration,
             "backoff": backoff,
-            "thenJob": then_job
+            "thenJob": then_job,
+            "batch": batch
         }
     })
 }
@@ -1968,12 +2140,23 @@ mod tests {
         }
         let v20 = render_sql(include_str!("../migrations/V20__job_keys.sql"));
         assert!(!v20.contains("debounce"));
-        // Version 23 has today's lists.
+        // Version 23 has today's lists but a message's `batch` (version 34), which version
+        // 34's list has.
         let v23 = render_sql(include_str!("../migrations/V23__debounce.sql"));
+        assert!(!v23.contains("'batch'"));
+        let v34 = render_sql(include_str!("../migrations/V34__nats_batches.sql"));
+        let message = Door::Message
+            .fields()
+            .iter()
+            .map(|f| format!("'{f}'"))
+            .collect::<Vec<_>>();
+        assert!(v34.contains(&format!("ARRAY[{}]", message.join(", "))));
+        assert!(message.last().is_some_and(|f| f == "'batch'"));
         for door in [Door::Message, Door::Then, Door::Enqueue] {
             let list = door
                 .fields()
                 .iter()
+                .filter(|f| **f != "batch")
                 .map(|f| format!("'{f}'"))
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -1988,6 +2171,52 @@ mod tests {
                 assert!(door.fields().contains(&f), "{door}: {f}");
             }
         }
+    }
+
+    #[test]
+    fn a_messages_batch_is_checked_and_its_declaration_compares_meanings() {
+        let spec = |v: Value| check_spec(v.as_object().unwrap(), Door::Message, None);
+        let a = spec(json!({"payload": {}, "batch": {"id": "b-1", "size": 3.0,
+            "on_complete": {"queue": "r", "payload": {}, "expires_in": "1h"}}}))
+        .unwrap()
+        .batch
+        .unwrap();
+        let b = spec(json!({"payload": {}, "batch": {"id": "b-1", "size": 3,
+            "on_complete": {"queue": "r", "payload": {}, "expires_in": "60m"}, "on_success": null}}))
+        .unwrap()
+        .batch
+        .unwrap();
+        // The same meaning, written two ways: one declaration.
+        assert_eq!(a.declaration(), b.declaration());
+        assert_eq!(
+            a.declaration(),
+            json!({"size": 3, "on_complete": {"queue": "r", "payload": {}, "expires_in": "3600000ms"}})
+        );
+        // A batch id is an id, short enough for its callbacks' ids.
+        let long = "b".repeat(MAX_BATCH_ID_BYTES + 1);
+        let e = spec(json!({"payload": {}, "batch": {"id": long, "size": 1}})).unwrap_err();
+        assert_eq!(e.field(), "batch.id");
+        assert!(
+            e.to_string().contains("the limit for a batch id is 184"),
+            "{e}"
+        );
+        assert!(spec(
+            json!({"payload": {}, "batch": {"id": "b".repeat(MAX_BATCH_ID_BYTES), "size": 1}})
+        )
+        .is_ok());
+        let e = spec(json!({"payload": {}, "batch": {"id": "b", "size": MAX_BATCH_SIZE + 1}}))
+            .unwrap_err();
+        assert_eq!(e.field(), "batch.size");
+        // Only a message takes a batch.
+        let e = check_spec(
+            json!({"queue": "q", "payload": {}, "batch": {"id": "b", "size": 1}})
+                .as_object()
+                .unwrap(),
+            Door::Enqueue,
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Refused::Unknown { .. }), "{e}");
     }
 
     #[test]

@@ -137,6 +137,8 @@ pub struct NewJob {
     /// common case): the job's own fields, else its queue's (see
     /// [`crate::contract::Gate::applied`]).
     pub gate: Option<Value>,
+    /// The batch a message's job is a member of (its envelope's `batch`, schema version 34).
+    pub batch: Option<crate::contract::BatchDecl>,
 }
 
 impl NewJob {
@@ -157,6 +159,7 @@ impl NewJob {
             expires_at_ms: None,
             key: None,
             gate: None,
+            batch: None,
         }
     }
 
@@ -326,7 +329,17 @@ pub fn decode(
             .applied(&Default::default(), false, spec.idempotency_key.is_some()),
         idempotency_key: spec.idempotency_key,
         key: spec.key,
+        batch: spec.batch,
     })
+}
+
+/// The batch a body names when the body itself is refused (a member with a field the
+/// contract refuses): its `batch`, if that much is readable, so the member is kept as a dead
+/// member of its batch and the batch does not wait for it for ever.
+pub fn batch_of_refused(body: &[u8]) -> Option<crate::contract::BatchDecl> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let b = value.as_object()?.get("batch")?;
+    crate::contract::check_batch(b, None, "batch").ok()
 }
 
 /// When the stream stored a message, in Unix milliseconds.

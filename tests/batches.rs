@@ -332,3 +332,261 @@ handler = { kind = "rust", name = "r" }
     w.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Publishes a member of a batch to `jobs.work`: the envelope's `batch` names the batch, its
+/// size and callbacks (every member carries the same object).
+async fn publish_member(env: &TestEnv, id: &str, payload: Value, batch: Value) {
+    let body = json!({"id": id, "payload": payload, "max_attempts": 1, "batch": batch});
+    env.publish_raw("work", body.to_string()).await;
+}
+
+/// The one-line text of a SQL answer (a job's last error, a batch's field).
+async fn text_of(env: &TestEnv, sql: &str, arg: &str) -> Option<String> {
+    let c = env.store.raw().await.unwrap();
+    c.query_opt(sql, &[&arg])
+        .await
+        .unwrap()
+        .and_then(|r| r.get::<_, Option<String>>(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_published_over_nats_finishes_once_all_its_declared_members_came_and_ended() {
+    let env = TestEnv::new(
+        r#"[queues.work]
+handler = { kind = "rust", name = "h" }
+[queues.report]
+handler = { kind = "rust", name = "r" }
+"#,
+    )
+    .await;
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let seen = ran.clone();
+    let r = from_fn(move |job| {
+        let seen = seen.clone();
+        async move {
+            seen.lock()
+                .unwrap()
+                .push((job.id.clone(), job.payload.clone(), job.parents.clone()));
+            Ok(None)
+        }
+    });
+    let h = from_fn(|job| async move {
+        if job.payload["fail"] == json!(true) {
+            return Err(jobwarden::handler::JobError::permanent("bad address"));
+        }
+        Ok(Some(json!("sent")))
+    });
+    let w = env.worker(&[("h", h), ("r", r)]).await;
+    let batch = json!({"id": "nats-b", "size": 20,
+        "on_complete": {"queue": "report", "payload": {"which": "complete"}},
+        "on_success": {"queue": "report", "payload": {"which": "success"}}});
+    // 19 of the 20 members come (one fails for good) and end: the batch waits for the 20th.
+    for i in 1..20 {
+        let id = format!("nb-{i:02}");
+        publish_member(&env, &id, json!({"n": i, "fail": i == 7}), batch.clone()).await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            env.scalar("SELECT count(*) FROM jobs WHERE batch = 'nats-b' AND status IN ('completed', 'dead')")
+                .await
+                == 19
+        })
+        .await,
+        "the 19 members that came ended"
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let p = env.store.batch_progress("nats-b").await.unwrap().unwrap();
+    assert_eq!((p.size, p.completed, p.dead), (20, 18, 1), "{p:?}");
+    assert!(p.finished_at.is_none(), "a member has not come yet: {p:?}");
+    let out = env.cli(&["batch", "show", "nats-b"]);
+    assert!(text(&out).contains("19 of 20 ended"), "{}", text(&out));
+    // Retention keeps the members of an unfinished batch: each is counted when it finishes.
+    let session = env.store.prune_reader().await.unwrap();
+    let pruned = session
+        .prune_jobs("completed", Duration::ZERO, &[], "-infinity", 1_000)
+        .await
+        .unwrap();
+    assert!(
+        pruned.is_empty(),
+        "members of an open batch pruned: {pruned:?}"
+    );
+    drop(session);
+    // A member delivered twice is one member.
+    publish_member(&env, "nb-03", json!({"n": 3, "fail": false}), batch.clone()).await;
+    publish_member(
+        &env,
+        "nb-20",
+        json!({"n": 20, "fail": false}),
+        batch.clone(),
+    )
+    .await;
+    assert!(finished(&env, "nats-b", 30).await, "the batch finished");
+    assert!(env.wait_status("nats-b.on_complete", "completed", 20).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = ran.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "on_complete once, on_success never: {got:?}");
+    assert_eq!(got[0].0, "nats-b.on_complete");
+    assert_eq!(got[0].1, json!({"which": "complete"}));
+    assert_eq!(
+        got[0].2,
+        Some(
+            json!({"nats-b": {"batch": "nats-b", "size": 20, "completed": 19, "dead": 1,
+            "cancelled": 0, "pruned": 0, "failed": ["nb-07"], "failed_omitted": 0}})
+        )
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM jobs WHERE batch = 'nats-b'")
+            .await,
+        20
+    );
+
+    // Bad input, each kept as a dead job that says why; nothing else is held up.
+    let last_error = "SELECT last_error FROM jobs WHERE id = $1";
+    // A new member of a finished batch.
+    publish_member(&env, "late-1", json!({}), batch.clone()).await;
+    // A member of a batch enqueued whole through SQL.
+    let c = env.store.raw().await.unwrap();
+    c.query_one(
+        "SELECT enqueue_batch('{\"id\": \"sql-b\", \"jobs\": [{\"queue\": \"work\", \"payload\": {}, \"id\": \"s-1\"}]}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    publish_member(
+        &env,
+        "intruder",
+        json!({}),
+        json!({"id": "sql-b", "size": 1}),
+    )
+    .await;
+    // Two members that declare their batch differently: the first declaration holds, the
+    // second member is a dead member of it.
+    publish_member(&env, "d-1", json!({}), json!({"id": "dd", "size": 2})).await;
+    assert!(env.wait_status("d-1", "completed", 20).await);
+    publish_member(&env, "d-2", json!({}), json!({"id": "dd", "size": 3})).await;
+    // An envelope the contract refuses, whose batch is readable: a dead member, so that the
+    // batch does not wait for it for ever.
+    env.publish_raw(
+        "work",
+        json!({"id": "e-1", "payload": {}, "max_attempts": 0,
+               "batch": {"id": "ee", "size": 1, "on_complete": {"queue": "report", "payload": {"which": "ee"}}}})
+        .to_string(),
+    )
+    .await;
+    for (id, says) in [
+        ("late-1", "batch `nats-b` has finished"),
+        ("intruder", "enqueued whole through SQL"),
+        ("d-2", "declared"),
+    ] {
+        assert!(env.wait_status(id, "dead", 20).await, "{id}");
+        let e = text_of(&env, last_error, id).await.unwrap_or_default();
+        assert!(e.contains(says), "{id}: {e}");
+    }
+    assert_eq!(
+        text_of(&env, "SELECT batch FROM jobs WHERE id = $1", "late-1").await,
+        None,
+        "a finished batch takes no member"
+    );
+    assert!(
+        finished(&env, "dd", 30).await,
+        "the batch with a dead member finished"
+    );
+    let o = text_of(
+        &env,
+        "SELECT outcome::text FROM batches WHERE id = $1",
+        "dd",
+    )
+    .await
+    .unwrap();
+    let o: Value = serde_json::from_str(&o).unwrap();
+    assert_eq!(
+        (o["size"].clone(), o["completed"].clone(), o["dead"].clone()),
+        (json!(2), json!(1), json!(1)),
+        "{o}"
+    );
+    assert!(
+        finished(&env, "ee", 30).await,
+        "a refused envelope's batch finished"
+    );
+    assert!(env.wait_status("ee.on_complete", "completed", 20).await);
+    let dead_e = env
+        .scalar("SELECT count(*) FROM jobs WHERE batch = 'ee' AND status = 'dead' AND last_error LIKE '%max_attempts%'")
+        .await;
+    assert_eq!(dead_e, 1);
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_of_a_keyed_queue_and_a_member_that_reused_a_taken_id_count_in_their_batch() {
+    let env = TestEnv::new(
+        r#"[queues.keyed]
+key_concurrency = 1
+handler = { kind = "rust", name = "h" }
+[queues.report]
+handler = { kind = "rust", name = "r" }
+"#,
+    )
+    .await;
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let seen = ran.clone();
+    let r = from_fn(move |job| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(job.parents.clone());
+            Ok(None)
+        }
+    });
+    let h = from_fn(|_job| async move { Ok(None) });
+    // A job that holds the id a member will reuse, with another payload.
+    let c = env.store.raw().await.unwrap();
+    for sql in [
+        "SELECT enqueue('keyed', '{\"other\": true}', id => 'taken', run_at => now() + interval '1 day')",
+        "SELECT enqueue('report', '{\"other\": true}', id => 'elsewhere', run_at => now() + interval '1 day')",
+    ] {
+        c.execute(sql, &[]).await.unwrap();
+    }
+    let w = env.worker(&[("h", h), ("r", r)]).await;
+    let batch = json!({"id": "kb", "size": 7,
+        "on_complete": {"queue": "report", "payload": {}}});
+    for i in 1..=5 {
+        let body = json!({"id": format!("k-{i}"), "payload": {"n": i},
+            "key": if i % 2 == 0 { "a" } else { "b" }, "batch": batch});
+        env.publish_raw("keyed", body.to_string()).await;
+    }
+    for id in ["taken", "elsewhere"] {
+        let body = json!({"id": id, "payload": {"n": 6}, "key": "a", "batch": batch});
+        env.publish_raw("keyed", body.to_string()).await;
+    }
+    assert!(finished(&env, "kb", 30).await, "the batch finished");
+    assert!(env.wait_status("kb.on_complete", "completed", 20).await);
+    let got = ran.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let o = &got[0].as_ref().unwrap()["kb"];
+    assert_eq!(
+        (o["size"].clone(), o["completed"].clone(), o["dead"].clone()),
+        (json!(7), json!(5), json!(2)),
+        "{o}"
+    );
+    // The members that reused an id are kept under their own message ids, dead members.
+    let mut errors = Vec::new();
+    for kept in o["failed"].as_array().unwrap() {
+        let kept = kept.as_str().unwrap();
+        assert!(kept.starts_with("JOBS-"), "{kept}");
+        errors.push(
+            text_of(&env, "SELECT last_error FROM jobs WHERE id = $1", kept)
+                .await
+                .unwrap(),
+        );
+    }
+    errors.sort();
+    assert!(
+        errors[0].contains("id \"elsewhere\" belongs to a job of queue report"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains("id \"taken\" is already used"),
+        "{errors:?}"
+    );
+    assert_eq!(env.status_of("taken").await.as_deref(), Some("scheduled"));
+    w.shutdown().await;
+}

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::generators::{config, duration_text, id_text, spec, FIELDS};
+use common::generators::{batch_value, config, duration_text, id_text, spec, FIELDS};
 use common::test_database_url;
 use common::testkit::unique_name;
 use jobwarden::contract::{self, Door};
@@ -137,6 +137,16 @@ proptest! {
         let rust = rust_verdict(&text, door, limit);
         let sql = sql_verdict(&text, door, limit);
         prop_assert_eq!(&rust, &sql, "door {} spec {}", door, text);
+    }
+
+    /// A message's `batch` (version 34) alone, so that each of its rules is reached often.
+    #[test]
+    fn rust_and_sql_judge_a_messages_batch_alike(batch in batch_value(), limited in any::<bool>()) {
+        let text = serde_json::json!({"payload": {}, "batch": batch}).to_string();
+        let limit = limited.then_some(200);
+        let rust = rust_verdict(&text, Door::Message, limit);
+        let sql = sql_verdict(&text, Door::Message, limit);
+        prop_assert_eq!(&rust, &sql, "spec {}", text);
     }
 
     /// The bulk door (`enqueue_many()`, version 29) judges each member as one enqueue: a
@@ -277,7 +287,7 @@ fn the_generators_reach_acceptance_and_refusal_of_every_field() {
         (100..1900).contains(&accepted),
         "accepted {accepted} of 2000"
     );
-    for f in FIELDS {
+    for f in FIELDS.iter().chain(&["batch"]) {
         assert!(fields.contains(*f), "no spec refused for {f}: {fields:?}");
     }
     // Every field is accepted in some spec too (a field only ever refused tests nothing).
@@ -290,7 +300,7 @@ fn the_generators_reach_acceptance_and_refusal_of_every_field() {
             }
         }
     }
-    for f in ["expires_at_ms", "expires_in", "key"] {
+    for f in ["expires_at_ms", "expires_in", "key", "batch"] {
         assert!(taken.contains(f), "no spec accepted with {f}: {taken:?}");
     }
 }
@@ -352,6 +362,47 @@ fn the_same_error_text_at_both_doors() {
         ),
         (r#"{"queue":"q","payload":{},"throttle":"1s"}"#, Door::Then),
         (r#"{"payload":{},"unique_for":"1h"}"#, Door::Message),
+        // A message's batch (version 34), and the doors that take none.
+        (r#"{"payload":{},"batch":"b"}"#, Door::Message),
+        (r#"{"payload":{},"batch":{"size":2}}"#, Door::Message),
+        (r#"{"payload":{},"batch":{"id":"b"}}"#, Door::Message),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":0}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":2.5}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"a b","size":2}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":2,"name":"x"}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":2,"on_complete":[]}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":2,"on_success":{"payload":{}}}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":2,"on_complete":{"queue":"r","payload":{},"depends_on":[]}}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"payload":{},"batch":{"id":"b","size":2,"on_complete":{"queue":"r","payload":{},"then":[{"queue":"s"}]}}}"#,
+            Door::Message,
+        ),
+        (
+            r#"{"queue":"q","payload":{},"batch":{"id":"b","size":2}}"#,
+            Door::Enqueue,
+        ),
+        (r#"{"payload":{},"zzz":1}"#, Door::Message),
     ] {
         let obj: Map<String, Value> = serde_json::from_str(text).unwrap();
         let rust = contract::check_spec(&obj, door, None)

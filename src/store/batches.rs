@@ -1,7 +1,9 @@
 //! Batches (schema version 32): a batch's progress, and the scheduler's round that finishes
-//! the batches whose members have all ended (their callbacks enqueued once).
+//! the batches whose members have all ended (their callbacks enqueued once); the members of
+//! batches published over NATS (version 34), judged before their rows are written.
 
-use super::{sql, Result, Store};
+use super::{sql, ClaimInput, Result, Store};
+use crate::contract::BatchDecl;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -25,7 +27,22 @@ pub struct BatchProgress {
     pub outcome: Option<Value>,
 }
 
+/// What becomes of a message that names a batch (see [`Store::batch_join`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchVerdict {
+    /// The batch its job joins: `None` when the batch takes no member (enqueued through
+    /// SQL, or finished).
+    pub joins: Option<String>,
+    /// Why the message is refused (kept as a dead job, a dead member of `joins` if any).
+    pub refused: Option<String>,
+}
+
 impl BatchProgress {
+    /// Members that have come (a batch published over NATS may not have them all yet).
+    pub fn members(&self) -> i64 {
+        self.waiting + self.running + self.ended()
+    }
+
     /// Members that have ended.
     pub fn ended(&self) -> i64 {
         self.completed + self.dead + self.cancelled
@@ -54,7 +71,12 @@ impl BatchProgress {
                 out.push_str(&format!(" · finished {at}, callbacks {}", cbs.join(", ")));
             }
             (Some(at), _) => out.push_str(&format!(" · finished {at}")),
-            _ => {}
+            _ => {
+                let missing = i64::from(self.size) - self.members();
+                if missing > 0 {
+                    out.push_str(&format!(" · {missing} not come yet"));
+                }
+            }
         }
         out
     }
@@ -77,6 +99,46 @@ impl Store {
             callbacks: r.get(7),
             outcome: r.get(8),
         }))
+    }
+
+    /// Judges the members of batches among `jobs` (schema version 34): declares each batch not
+    /// known yet (by its first member), and says, per job, which batch it joins and whether it
+    /// is refused. One verdict per job, in order (the default one for a job of no batch);
+    /// no statement at all when none names a batch.
+    pub async fn batch_join(&self, jobs: &[ClaimInput]) -> Result<Vec<BatchVerdict>> {
+        let ids: Vec<&str> = jobs.iter().map(|i| i.job.id.as_str()).collect();
+        let decls: Vec<Option<&BatchDecl>> = jobs.iter().map(|i| i.job.batch.as_ref()).collect();
+        self.batch_join_decls(&ids, &decls).await
+    }
+
+    /// [`Store::batch_join`] for ids and their batches (`None` for none).
+    pub async fn batch_join_decls(
+        &self,
+        ids: &[&str],
+        decls: &[Option<&BatchDecl>],
+    ) -> Result<Vec<BatchVerdict>> {
+        let mut verdicts = vec![BatchVerdict::default(); ids.len()];
+        if decls.iter().all(Option::is_none) {
+            return Ok(verdicts);
+        }
+        let batches: Vec<Option<&str>> = decls.iter().map(|d| d.map(|d| d.id.as_str())).collect();
+        let declared: Vec<Option<Value>> = decls
+            .iter()
+            .map(|d| d.map(BatchDecl::declaration))
+            .collect();
+        let c = self.client().await?;
+        let st = c.prepare_cached(sql::BATCH_JOIN).await?;
+        for r in c.query(&st, &[&ids, &batches, &declared]).await? {
+            let n: i64 = r.get(0);
+            if let Some(v) = usize::try_from(n - 1)
+                .ok()
+                .and_then(|i| verdicts.get_mut(i))
+            {
+                v.joins = r.get(1);
+                v.refused = r.get(2);
+            }
+        }
+        Ok(verdicts)
     }
 
     /// Finishes up to `limit` batches whose members have all ended: `(batch, callbacks)`.

@@ -32,6 +32,9 @@ pub(super) struct Columns<'a> {
     /// What gates each job (`jobs.gate`, version 23; NULL for none): each statement takes
     /// them after the keys ([`Columns::gates`]).
     gates: Vec<Option<&'a Value>>,
+    /// The batch each job joins (version 34; NULL for none): each statement takes them last
+    /// ([`Columns::batches`]).
+    batches: Vec<Option<&'a str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -51,6 +54,7 @@ impl<'a> Columns<'a> {
             thens: Vec::with_capacity(n),
             keys: Vec::with_capacity(n),
             gates: Vec::with_capacity(n),
+            batches: Vec::with_capacity(n),
         };
         for i in batch {
             let j = &i.job;
@@ -72,8 +76,14 @@ impl<'a> Columns<'a> {
             c.thens.push(j.then.as_ref());
             c.keys.push(j.key.as_deref());
             c.gates.push(j.gate.as_ref());
+            c.batches.push(j.batch.as_ref().map(|b| b.id.as_str()));
         }
         c
+    }
+
+    /// The batch each job joins, the parameter each statement takes last.
+    pub(super) fn batches(&self) -> &(dyn ToSql + Sync) {
+        &self.batches
     }
 
     /// The jobs' keys, the parameter each statement takes after its others.
@@ -281,6 +291,7 @@ impl Store {
         params.push(cols.keys());
         params.push(cols.gates());
         params.extend_from_slice(extra);
+        params.push(cols.batches());
         let client = self.client().await?;
         let st = client.prepare_cached(sql).await?;
         Ok(client.query(&st, &params).await?)

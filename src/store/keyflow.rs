@@ -59,6 +59,7 @@ impl Store {
         params.push(&rules.fair);
         params.push(&seqs);
         params.push(cols.gates());
+        params.push(cols.batches());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_INTAKE).await?;
         let rows = client.query(&st, &params).await?;

@@ -28,8 +28,8 @@ pub struct UnservedRow {
 }
 
 /// A message that cannot become a job, to keep as a dead one: (its id, its queue, what is
-/// kept of its body, the reason).
-pub type InvalidRow = (String, String, Value, String);
+/// kept of its body, the reason, the batch it is a dead member of).
+pub type InvalidRow = (String, String, Value, String, Option<String>);
 
 impl Store {
     /// Records undeliverable messages as dead jobs; returns the ids that were inserted (an id
@@ -43,10 +43,14 @@ impl Store {
         let queues: Vec<&str> = items.iter().map(|i| i.1.as_str()).collect();
         let payloads: Vec<&Value> = items.iter().map(|i| &i.2).collect();
         let reasons: Vec<&str> = items.iter().map(|i| i.3.as_str()).collect();
+        let batches: Vec<Option<&str>> = items.iter().map(|i| i.4.as_deref()).collect();
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_DEAD_INVALID).await?;
         let rows = client
-            .query(&st, &[&worker_id, &ids, &queues, &payloads, &reasons])
+            .query(
+                &st,
+                &[&worker_id, &ids, &queues, &payloads, &reasons, &batches],
+            )
             .await?;
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
@@ -228,6 +232,31 @@ impl Store {
         batch: &[ClaimInput],
         seqs: &[Option<i64>],
     ) -> Result<Vec<String>> {
+        // Members of batches (schema version 34) are judged first: one its batch refuses is
+        // left in the stream (the claim keeps it as a dead job that says why).
+        let verdicts = self.batch_join(batch).await?;
+        let (batch, seqs): (
+            std::borrow::Cow<[ClaimInput]>,
+            std::borrow::Cow<[Option<i64>]>,
+        ) = if verdicts.iter().any(|v| v != &Default::default()) {
+            let (b, s) = batch
+                .iter()
+                .zip(seqs)
+                .zip(&verdicts)
+                .filter(|(_, v)| v.refused.is_none())
+                .map(|((input, seq), v)| {
+                    let mut input = input.clone();
+                    if v.joins.is_none() {
+                        input.job.batch = None;
+                    }
+                    (input, *seq)
+                })
+                .unzip::<_, _, Vec<_>, Vec<_>>();
+            (b.into(), s.into())
+        } else {
+            (batch.into(), seqs.into())
+        };
+        let (batch, seqs) = (&batch[..], &seqs[..]);
         let cols = Columns::of(batch);
         let expiries: Vec<Option<i64>> = batch.iter().map(|i| i.job.expires_at_ms).collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = cols.params().to_vec();
@@ -235,6 +264,7 @@ impl Store {
         params.push(cols.keys());
         params.push(&seqs);
         params.push(cols.gates());
+        params.push(cols.batches());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_ADOPT).await?;
         let rows = client.query(&st, &params).await?;
@@ -263,6 +293,7 @@ impl Store {
         params.extend(cols.params());
         params.push(&reasons);
         params.push(cols.keys());
+        params.push(cols.batches());
         let client = self.client().await?;
         let st = client.prepare_cached(sql::JOB_DEAD_KEPT).await?;
         let rows = client.query(&st, &params).await?;

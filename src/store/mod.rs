@@ -29,7 +29,7 @@ pub mod tls;
 pub mod sql {
     include!(concat!(env!("OUT_DIR"), "/sql.rs"));
 }
-pub use batches::BatchProgress;
+pub use batches::{BatchProgress, BatchVerdict};
 pub use bulk::{parse_when, BulkAction, BulkFilter, BulkReport, BULK_BATCH};
 pub use chain::{ChainRound, PipelineJob};
 pub use completion::{EndResult, Expired};

@@ -383,6 +383,7 @@ impl Janitor {
                     queue.to_string(),
                     invalid_payload(&m.payload),
                     format!("{e} (and no worker served queue `{queue}`)"),
+                    None,
                 )),
             }
         }

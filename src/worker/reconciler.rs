@@ -344,6 +344,7 @@ impl Reconciler {
                         lane.queue.clone(),
                         super::producer::invalid_payload(&m.payload),
                         reason.clone(),
+                        None,
                     );
                     shared
                         .store

@@ -166,8 +166,14 @@ pub fn spec(depth: u32, then_like: bool) -> BoxedStrategy<Value> {
         0.05,
         prop::sample::select(vec!["qeue", "zzz", "Payload", "a"]),
     );
-    (extra, unknown, any::<bool>(), any::<bool>())
-        .prop_flat_map(move |(fields, unknown, drop_queue, drop_payload)| {
+    // A message's batch (version 34), at the top only (a callback is a spec too).
+    let batch = if depth == 0 {
+        prop::option::weighted(0.15, batch_value()).boxed()
+    } else {
+        Just(None).boxed()
+    };
+    (extra, unknown, any::<bool>(), any::<bool>(), batch)
+        .prop_flat_map(move |(fields, unknown, drop_queue, drop_payload, batch)| {
             let values: Vec<BoxedStrategy<(String, Value)>> = fields
                 .into_iter()
                 .map(|f| {
@@ -190,10 +196,53 @@ pub fn spec(depth: u32, then_like: bool) -> BoxedStrategy<Value> {
                 if let Some(u) = unknown {
                     m.insert(u.into(), json!(1));
                 }
+                if let Some(b) = &batch {
+                    m.insert("batch".into(), b.clone());
+                }
                 Value::Object(m)
             })
         })
         .boxed()
+}
+
+/// A message's `batch`: mostly well formed (an id, a size, callbacks that are specs), with
+/// each part wrong in turn.
+pub fn batch_value() -> BoxedStrategy<Value> {
+    let callback = prop_oneof![
+        3 => Just(None),
+        3 => spec(1, true).prop_map(Some),
+        1 => Just(Some(json!("x"))),
+        1 => Just(Some(json!({"queue": "r", "payload": {}, "depends_on": ["p"]}))),
+    ];
+    let id = prop_oneof![5 => Just(json!("b-1")), 3 => id_text().prop_map(Value::from), 1 => whole_ish()];
+    let size = prop_oneof![
+        4 => (0i64..4).prop_map(Value::from),
+        2 => whole_ish(),
+        1 => prop::sample::select(vec![100_000_000i64, 100_000_001]).prop_map(Value::from),
+    ];
+    prop_oneof![
+        8 => (id, size, callback.clone(), callback, prop::option::weighted(0.05, Just(json!(1))), prop::option::weighted(0.05, Just(()))).prop_map(
+            |(id, size, on_complete, on_success, extra, drop)| {
+                let mut m = Map::new();
+                if drop.is_none() {
+                    m.insert("id".into(), id);
+                }
+                m.insert("size".into(), size);
+                if let Some(c) = on_complete {
+                    m.insert("on_complete".into(), c);
+                }
+                if let Some(c) = on_success {
+                    m.insert("on_success".into(), c);
+                }
+                if let Some(x) = extra {
+                    m.insert("name".into(), x);
+                }
+                Value::Object(m)
+            }
+        ),
+        1 => prop::sample::select(vec![json!("b"), json!([]), Value::Null]),
+    ]
+    .boxed()
 }
 
 /// The properties' configuration. The suite's short run is the same every time (a fixed

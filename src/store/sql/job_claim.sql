@@ -23,6 +23,7 @@
 -- expire_after (ms, NULL for none); $16 the keys (version 20, NULL for none); $17 what gates
 -- each job (`jobs.gate`, version 23, NULL for none, the common case: the gate trigger then
 -- does not fire; else it decides whether the row runs, waits as debounced or ends throttled).
+-- $18 the batch each job joins (version 34, NULL for none; batch_join() judged them).
 -- A key is stored with the row a message creates; an existing row keeps its own. The lookups of existing rows take only the ids the insert did not
 -- (`others`, an array: empty for a batch of new jobs, the common case), so the generic plan
 -- reads the primary key for just those instead of joining the table against the batch.
@@ -30,10 +31,10 @@ WITH input AS (
     SELECT *
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
                 $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[],
-                $16::text[], $17::jsonb[])
+                $16::text[], $17::jsonb[], $18::text[])
          WITH ORDINALITY
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
-              backoff, traceparent, then_jobs, expires_at_ms, key, gate, idx)
+              backoff, traceparent, then_jobs, expires_at_ms, key, gate, batch, idx)
 ),
 me AS (
     SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND stopped_at IS NULL) AS alive,
@@ -43,7 +44,7 @@ inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
                       backoff, traceparent, then_jobs, key, status, attempts, worker_id, lease,
                       started_at, last_activity_at, stale_at, scheduled_at, expires_at, last_error,
-                      completed_at, gate)
+                      completed_at, gate, batch)
     SELECT i.id, i.queue, i.payload, i.priority, i.max_attempts, i.timeout_ms, i.idempotency_key,
            i.backoff, i.traceparent, i.then_jobs, i.key,
            CASE WHEN x.expired THEN 'cancelled'
@@ -56,7 +57,7 @@ inserted AS (
            now() + $2::int8 * interval '1 millisecond',
            GREATEST(now(), COALESCE(to_timestamp(i.run_at_ms / 1000.0), now())), x.expires_at,
            CASE WHEN x.expired THEN job_expired_reason(x.expires_at) END,
-           CASE WHEN x.expired THEN now() END, i.gate
+           CASE WHEN x.expired THEN now() END, i.gate, i.batch
     FROM input i
          CROSS JOIN LATERAL (SELECT to_timestamp(i.expires_at_ms / 1000.0) AS expires_at,
                                     to_timestamp(i.expires_at_ms / 1000.0) <= now() IS TRUE AS expired) x

@@ -20,15 +20,16 @@
 -- claim's; $15 the queue's expire_after (ms, NULL for none); $16 the keys; $17 fair turns;
 -- $18 the messages' stream sequences; $19 what gates each job (`jobs.gate`, version 23, NULL
 -- for none: see job_claim.sql; a debounced job is inserted `scheduled`, not parked, and
--- parked when it is due and published; a throttled one ends at once).
+-- parked when it is due and published; a throttled one ends at once); $20 the batch each
+-- job joins (version 34, NULL for none).
 WITH input AS (
     SELECT t.*, x.k, COALESCE(t.seq, 0)::float8 AS s
     FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
                 $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[], $14::int8[],
-                $16::text[], $18::int8[], $19::jsonb[])
+                $16::text[], $18::int8[], $19::jsonb[], $20::text[])
          WITH ORDINALITY
          AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key, run_at_ms,
-              backoff, traceparent, then_jobs, expires_at_ms, key, seq, gate, idx)
+              backoff, traceparent, then_jobs, expires_at_ms, key, seq, gate, batch, idx)
          -- The key a job is parked under: its row's, when it has one (a message republished
          -- from the row may carry none), else the message's.
          CROSS JOIN LATERAL (
@@ -83,7 +84,7 @@ inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
                       backoff, traceparent, then_jobs, key, status, attempts, lease,
                       last_activity_at, scheduled_at, expires_at, last_error, completed_at,
-                      parked, turn, seq, gate)
+                      parked, turn, seq, gate, batch)
     SELECT i.id, i.queue, i.payload, i.priority, i.max_attempts, i.timeout_ms, i.idempotency_key,
            i.backoff, i.traceparent, i.then_jobs, i.key,
            CASE WHEN x.expired THEN 'cancelled' WHEN x.later THEN 'scheduled' ELSE 'queued' END,
@@ -92,7 +93,7 @@ inserted AS (
            CASE WHEN x.expired THEN job_expired_reason(x.expires_at) END,
            CASE WHEN x.expired THEN now() END,
            NOT x.expired AND NOT x.later, t.turn,
-           CASE WHEN NOT x.expired AND NOT x.later THEN i.s::int8 END, i.gate
+           CASE WHEN NOT x.expired AND NOT x.later THEN i.s::int8 END, i.gate, i.batch
     FROM input i
          JOIN turns t ON t.id = i.id
          CROSS JOIN LATERAL (SELECT to_timestamp(i.expires_at_ms / 1000.0) AS expires_at,

@@ -19,7 +19,8 @@
 -- as the claim's; $14 the expiries (Unix ms, NULL for none); $15 the keys; $16 what gates
 -- each job (NULL for none); $17 the messages' stream sequences; $18 how many may start; $19
 -- each key's limit (NULL: none); $20 fair turns; $21 starts per $22 ms per key
--- (key_rate_limit; NULL: none; a key's own rate in key_limits replaces it).
+-- (key_rate_limit; NULL: none; a key's own rate in key_limits replaces it); $23 the batch
+-- each job joins (version 34, NULL for none).
 WITH room AS (
     SELECT r.key, r.room
     FROM job_key_room(($4::text[])[1],
@@ -36,21 +37,21 @@ inserted AS (
     INSERT INTO jobs AS j (id, queue, payload, priority, max_attempts, timeout_ms,
                            idempotency_key, backoff, traceparent, then_jobs, key, status,
                            attempts, worker_id, lease, started_at, last_activity_at, stale_at,
-                           scheduled_at, expires_at, seq, gate)
+                           scheduled_at, expires_at, seq, gate, batch)
     SELECT s.id, s.queue, s.payload, s.priority, s.max_attempts, s.timeout_ms,
            s.idempotency_key, s.backoff, s.traceparent, s.then_jobs, s.key, 'processing',
            1, $1, 1, now(), now(), now() + $2::int8 * interval '1 millisecond',
-           now(), to_timestamp(s.expires_at_ms / 1000.0), s.seq, s.gate
+           now(), to_timestamp(s.expires_at_ms / 1000.0), s.seq, s.gate, s.batch
     -- Within a key, jobs start in priority, then message order (the answer is read by id).
     FROM (SELECT t.*, row_number() OVER (PARTITION BY COALESCE(t.key, '')
                                          ORDER BY t.priority, t.idx) AS rank
           FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::int2[], $7::int4[], $8::int4[],
                       $9::text[], $10::int8[], $11::jsonb[], $12::text[], $13::jsonb[],
-                      $14::int8[], $15::text[], $16::jsonb[], $17::int8[])
+                      $14::int8[], $15::text[], $16::jsonb[], $17::int8[], $23::text[])
                WITH ORDINALITY
                AS t(id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
                     run_at_ms, backoff, traceparent, then_jobs, expires_at_ms, key, gate, seq,
-                    idx)
+                    batch, idx)
           WHERE (t.run_at_ms IS NULL OR to_timestamp(t.run_at_ms / 1000.0) <= now())
             AND (t.expires_at_ms IS NULL OR to_timestamp(t.expires_at_ms / 1000.0) > now())) s
          JOIN room r ON r.key = COALESCE(s.key, '')

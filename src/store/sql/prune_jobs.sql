@@ -2,7 +2,8 @@
 -- past their queue's keep_count), oldest first, and returns
 -- each one's queue and completed_at (their attempt-log rows go by the jobs_delete_attempts
 -- trigger, their job_deps rows by ON DELETE CASCADE). A job is kept: while its chain is not
--- resolved (chain_pending), and while it is the parent of a job that has not finished.
+-- resolved (chain_pending), while it is the parent of a job that has not finished, and while
+-- its batch has not finished.
 -- $1 status ('completed', 'cancelled' or 'dead'), $2 how long jobs of queues without an
 -- override are kept (ms), $3 queues with an override, $4 how long each is kept (ms), $5 the
 -- completed_at (as text) below which each loses jobs to its keep_count (NULL: no cap), $6 completed_at
@@ -23,6 +24,10 @@ victims AS (
                                     (SELECT max(cut) FROM policy))
       AND j.completed_at < COALESCE(p.cut, now() - $2::int8 * interval '1 millisecond')
       AND NOT j.chain_pending
+      -- A member of a batch published over NATS that has not finished (version 34): it is
+      -- counted when the batch finishes.
+      AND NOT (j.batch IS NOT NULL AND EXISTS (
+          SELECT 1 FROM batches b WHERE b.id = j.batch AND b.finished_at IS NULL))
       AND NOT (j.has_dependents AND EXISTS (
           SELECT 1 FROM job_deps d JOIN jobs c ON c.id = d.child
           WHERE d.parent = j.id AND c.status NOT IN ('completed', 'dead', 'cancelled')))

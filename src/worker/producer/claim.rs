@@ -49,6 +49,8 @@ impl Producer {
     pub(super) async fn start_claim(&mut self, arrived: Vec<Delivered>, grants: usize) {
         let shared = self.shared.clone();
         let queue = self.policy.name.clone();
+        let mut decoded = self.decode(arrived);
+        self.judge_members(&mut decoded).await;
         let Decoded {
             inputs,
             known,
@@ -56,9 +58,14 @@ impl Producer {
             rejected,
             dropped,
             mismatched,
-        } = self.decode(arrived);
+            salvaged: _,
+            refused_members,
+        } = decoded;
         if !mismatched.is_empty() {
             keep_dead(&shared, mismatched, Kept::PriorityMismatch).await;
+        }
+        if !refused_members.is_empty() {
+            keep_dead(&shared, refused_members, Kept::BatchRefused).await;
         }
         if inputs.is_empty() {
             self.grants_used(grants, 0);
@@ -224,11 +231,10 @@ impl Producer {
                         .await
                 }
                 Answer::NotTried => fates.back.push(d),
-                Answer::Refused(reason) => fates.rejected.push(Rejected {
-                    id: self.own_id(&d),
-                    reason,
-                    delivered: d,
-                }),
+                Answer::Refused(reason) => {
+                    let batch = input.job.batch.map(|b| b.id);
+                    fates.rejected.push(self.rejected(d, reason, batch));
+                }
             }
         }
         // Every job this claim took is in the ledger now: the heartbeat may judge them.
@@ -248,6 +254,17 @@ impl Producer {
             .chain(dropped)
             .chain(rejected.into_iter().map(|r| r.delivered));
         self.hand_back(back).await;
+    }
+
+    /// A message that cannot run as it is, kept dead under its own id with `reason` (a dead
+    /// member of `batch`, if it names one: its batch does not wait for it).
+    fn rejected(&self, d: Delivered, reason: String, batch: Option<String>) -> Rejected {
+        Rejected {
+            id: self.own_id(&d),
+            reason,
+            batch,
+            delivered: d,
+        }
     }
 
     /// The message's own id (for keeping it dead under).
@@ -374,13 +391,11 @@ impl Producer {
             Claim::Expired => fates.dropped.push(self.expired(&id, d)),
             Claim::Throttled => fates.dropped.push(self.throttled(&id, d)),
             Claim::Duplicate => fates.dropped.push(d),
-            Claim::WrongQueue(other) => fates.rejected.push(Rejected {
-                id: self.own_id(&d),
-                reason: format!(
-                    "id {id:?} belongs to a job of queue {other}; give this job another id"
-                ),
-                delivered: d,
-            }),
+            Claim::WrongQueue(other) => fates.rejected.push(self.rejected(
+                d,
+                format!("id {id:?} belongs to a job of queue {other}; give this job another id"),
+                input.job.batch.map(|b| b.id),
+            )),
         }
     }
 

@@ -16,6 +16,11 @@ pub(super) struct Decoded {
     pub(super) dropped: Vec<Delivered>,
     /// Envelopes naming another priority than their subject's: kept as dead jobs.
     pub(super) mismatched: Vec<(ClaimInput, String, Option<Delivered>)>,
+    /// Refused messages whose body names a batch (schema version 34), by their position in
+    /// `rejected`: kept as dead members of it when it is open (see `members.rs`).
+    pub(super) salvaged: Vec<(usize, crate::contract::BatchDecl)>,
+    /// Members their batch refused (see `members.rs`): kept as dead jobs under their ids.
+    pub(super) refused_members: Vec<(ClaimInput, String, Option<Delivered>)>,
 }
 
 /// A message jobwarden republished from the job's row (the scheduler, for a retry, a due or
@@ -42,6 +47,7 @@ impl Producer {
         let mut rejected: Vec<Rejected> = Vec::new();
         let mut dropped: Vec<Delivered> = Vec::new();
         let mut mismatched = Vec::new();
+        let mut salvaged = Vec::new();
         let mut seen = HashSet::with_capacity(arrived.len());
         for d in arrived {
             let msg_id = d.header(async_nats::header::NATS_MESSAGE_ID.as_ref());
@@ -70,9 +76,13 @@ impl Producer {
                         .take_key(&mut job, again, |h| d.header(h))
                         .and_then(|()| self.policy.gate_job(&mut job, again));
                     if let Err(e) = taken {
+                        if let Some(b) = job.batch.take() {
+                            salvaged.push((rejected.len(), b));
+                        }
                         rejected.push(Rejected {
                             id: d.own_id(&queue, &stream),
                             reason: e.to_string(),
+                            batch: None,
                             delivered: d,
                         });
                         continue;
@@ -111,11 +121,17 @@ impl Producer {
                     messages.push(d);
                 }
                 Ok(_) => dropped.push(d),
-                Err(e) => rejected.push(Rejected {
-                    id: d.own_id(&queue, &stream),
-                    reason: e.to_string(),
-                    delivered: d,
-                }),
+                Err(e) => {
+                    if let Some(b) = job::batch_of_refused(&d.msg.payload) {
+                        salvaged.push((rejected.len(), b));
+                    }
+                    rejected.push(Rejected {
+                        id: d.own_id(&queue, &stream),
+                        reason: e.to_string(),
+                        batch: None,
+                        delivered: d,
+                    });
+                }
             }
         }
         Decoded {
@@ -125,6 +141,8 @@ impl Producer {
             rejected,
             dropped,
             mismatched,
+            salvaged,
+            refused_members: Vec::new(),
         }
     }
 }

@@ -46,6 +46,7 @@ mod decode;
 mod delivered;
 mod intake;
 mod keyed;
+mod members;
 mod pulls;
 mod rejected;
 mod slots;

@@ -9,6 +9,8 @@ pub(crate) struct Rejected {
     pub delivered: Delivered,
     pub id: String,
     pub reason: String,
+    /// The batch it is a dead member of (schema version 34), if any.
+    pub batch: Option<String>,
 }
 
 /// Why a message whose envelope names another priority than its subject's is refused.
@@ -55,6 +57,8 @@ pub(super) enum Kept {
     IdConflict,
     /// Its envelope named another priority than its subject's.
     PriorityMismatch,
+    /// Its batch refused it (schema version 34; see `members.rs`).
+    BatchRefused,
 }
 
 /// Keeps messages as dead jobs with their own payload and fields (a retry runs them), then
@@ -83,12 +87,19 @@ pub(super) async fn keep_dead(
         let recorded = kept.is_ok();
         if recorded {
             if inserted.contains(&input.job.id) {
-                if why == Kept::IdConflict {
-                    Stats::add(&shared.stats.id_conflicts, 1);
-                    warn!(job.id = %input.job.id, %reason, "message reused a taken id: kept as a dead job");
-                } else {
-                    Stats::add(&shared.stats.invalid, 1);
-                    warn!(job.id = %input.job.id, %reason, "message named another priority than its subject's: kept as a dead job");
+                match why {
+                    Kept::IdConflict => {
+                        Stats::add(&shared.stats.id_conflicts, 1);
+                        warn!(job.id = %input.job.id, %reason, "message reused a taken id: kept as a dead job");
+                    }
+                    Kept::PriorityMismatch => {
+                        Stats::add(&shared.stats.invalid, 1);
+                        warn!(job.id = %input.job.id, %reason, "message named another priority than its subject's: kept as a dead job");
+                    }
+                    Kept::BatchRefused => {
+                        Stats::add(&shared.stats.invalid, 1);
+                        warn!(job.id = %input.job.id, batch = ?input.job.batch.as_ref().map(|b| &b.id), %reason, "message's batch refused it: kept as a dead job");
+                    }
                 }
                 shared.announce_dead(&input.job.queue, &input.job.id, Some(&reason));
             }
@@ -112,7 +123,7 @@ pub(crate) async fn record_invalid(shared: &Shared, queue: &str, items: Vec<Reje
     }
     let store = &shared.store;
     let me = &shared.worker_id;
-    let rows: Vec<(String, String, Value, String)> = items
+    let rows: Vec<crate::store::InvalidRow> = items
         .iter()
         .map(|r| {
             (
@@ -120,6 +131,7 @@ pub(crate) async fn record_invalid(shared: &Shared, queue: &str, items: Vec<Reje
                 queue.to_string(),
                 invalid_payload(&r.delivered.msg.payload),
                 r.reason.clone(),
+                r.batch.clone(),
             )
         })
         .collect();
