@@ -223,6 +223,11 @@ handler = { kind = "rust", name = "r" }
             "on_complete",
         ),
         (json!({"jobs": "a"}), "batch.jobs"),
+        // A batch id is an id: its callbacks' ids are made of it.
+        (
+            json!({"id": "a b", "jobs": [job("a")]}),
+            "field `batch.id` is invalid: contains U+0020",
+        ),
     ] {
         let got = refused(spec.clone()).await;
         assert!(got.contains(says), "{spec}: {got}");
