@@ -1020,7 +1020,7 @@ async fn the_workers_own_statements_read_jobs_through_their_indexes_with_generic
     let statements = [
         (
             "job_claim",
-            "('w', 300000, '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', NULL, '{NULL}', '{NULL}')",
+            "('w', 300000, '{j1}', '{work}', '{\"{}\"}', '{5}', '{3}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', NULL, '{NULL}', '{NULL}', '{NULL}')",
             "jobs_pkey",
         ),
         (
