@@ -5,7 +5,7 @@
 --                                "on_success": {...}}}
 -- A batch enqueued through SQL (enqueue_batch()) has all its members at once: it is
 -- `sealed`. One declared by messages is not: its first member to be claimed declares it
--- (size and callbacks, batch_join()), and it finishes once `size` members have come and
+-- (size and callbacks: the workers' batch_join.sql), and it finishes once `size` members have come and
 -- every one has ended (batch_finish()). No member updates a counter: the members are
 -- counted once, when none is unfinished. A member is refused, and kept as a dead job that
 -- says why, when its batch was enqueued through SQL, has finished already, or was declared
@@ -185,56 +185,6 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
     RAISE EXCEPTION '%', replace(SQLERRM, 'jobwarden.enqueue_many: jobs[', 'jobwarden.enqueue_batch: jobs[')
         USING ERRCODE = SQLSTATE;
-END;
-$$;
-
--- Judges the members of batches among a claim's messages (`ids` their jobs' ids, `batch_ids`
--- their batches', NULL for none, `decls` each one's declaration: {"size", "on_complete",
--- "on_success"}, as contract::BatchDecl::declaration() writes it). A batch not known yet is
--- declared by its first member here. Returns, per member (`n`, its position from 1): the
--- batch its job joins (`joins`: NULL when the batch takes no member) and why it is refused
--- (`refused`: NULL when it is not). A member whose job exists already is never refused (a
--- redelivery: the claim finds its row).
-CREATE FUNCTION batch_join(ids text[], batch_ids text[], decls jsonb[])
-RETURNS TABLE (n int8, joins text, refused text)
-LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF batch_ids IS NULL THEN
-        RETURN;
-    END IF;
-    -- In batch id order: two claims that declare the same batches wait for each other in one
-    -- order, never in a cycle.
-    INSERT INTO batches (id, size, on_complete, on_success, sealed)
-    SELECT d.b, (d.decl ->> 'size')::int4, d.decl -> 'on_complete', d.decl -> 'on_success', false
-    FROM (SELECT DISTINCT ON (u.b) u.b, u.decl
-          FROM unnest(batch_ids, decls) WITH ORDINALITY AS u(b, decl, n)
-          WHERE u.b IS NOT NULL
-          ORDER BY u.b, u.n) d
-    ORDER BY d.b
-    ON CONFLICT DO NOTHING;
-    -- (A statement of its own, so a snapshot of its own: a batch another claim declared
-    -- while this one waited is seen.)
-    RETURN QUERY
-    SELECT u.n,
-           CASE WHEN x.sealed OR x.finished_at IS NOT NULL THEN NULL ELSE u.b END,
-           CASE
-               WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.id = u.id) THEN NULL
-               WHEN x.sealed THEN format('batch `%s` was enqueued whole through SQL (enqueue_batch(), `jobwarden enqueue-batch`, Client::enqueue_batch) and takes no member by message: give the batch of the messages another id', u.b)
-               WHEN x.finished_at IS NOT NULL THEN format('batch `%s` has finished (at %s): its callbacks have run and it takes no more members; a new batch needs a new id', u.b, x.finished_at)
-               WHEN u.decl IS DISTINCT FROM d.declared THEN format('batch `%s` was declared %s by its first member; this message declares %s: every member of a batch carries the same `batch` object. This member is kept as a dead member of the batch', u.b, d.declared, u.decl)
-           END
-    FROM unnest(ids, batch_ids, decls) WITH ORDINALITY AS u(id, b, decl, n)
-         JOIN batches x ON x.id = u.b
-         CROSS JOIN LATERAL (
-             SELECT jsonb_build_object('size', x.size)
-                    || CASE WHEN x.on_complete IS NULL THEN '{}'::jsonb
-                            ELSE jsonb_build_object('on_complete', x.on_complete) END
-                    || CASE WHEN x.on_success IS NULL THEN '{}'::jsonb
-                            ELSE jsonb_build_object('on_success', x.on_success) END AS declared) d
-    ORDER BY u.n;
 END;
 $$;
 

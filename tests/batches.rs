@@ -447,7 +447,9 @@ handler = { kind = "rust", name = "r" }
 
     // Bad input, each kept as a dead job that says why; nothing else is held up.
     let last_error = "SELECT last_error FROM jobs WHERE id = $1";
-    // A new member of a finished batch.
+    // A new member of a finished batch (a worker takes the members of a batch it found open
+    // for a second without asking again: past that, it asks).
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     publish_member(&env, "late-1", json!({}), batch.clone()).await;
     // A member of a batch enqueued whole through SQL.
     let c = env.store.raw().await.unwrap();

@@ -35,6 +35,8 @@ pub struct BatchVerdict {
     pub joins: Option<String>,
     /// Why the message is refused (kept as a dead job, a dead member of `joins` if any).
     pub refused: Option<String>,
+    /// The batch is open and declared as this message declares it.
+    pub open: bool,
 }
 
 impl BatchProgress {
@@ -136,6 +138,7 @@ impl Store {
             {
                 v.joins = r.get(1);
                 v.refused = r.get(2);
+                v.open = r.get(3);
             }
         }
         Ok(verdicts)

@@ -308,6 +308,8 @@ pub(crate) struct Shared {
     pub unserved: janitor::UnservedView,
     /// Watches every task of this worker; its first failure stops the worker.
     pub supervisor: Supervisor,
+    /// Batches published over NATS found open lately (see `producer/members.rs`).
+    pub open_batches: producer::OpenBatches,
     /// Progress reports PostgreSQL did not take: logged once per outage, not per report.
     pub progress_outage: std::sync::Mutex<outage::Outage>,
 }
@@ -566,10 +568,7 @@ impl Worker {
             outbound,
             pacing,
             queues,
-            lanes: consumers
-                .values()
-                .flat_map(|l| l.iter().map(|(lane, _)| lane.clone()))
-                .collect(),
+            lanes: lanes_of(&consumers),
             api_base: format!("http://{}", listeners.api_addr),
             completion_key: Arc::new(completion_key),
             config: config.clone(),
@@ -583,6 +582,7 @@ impl Worker {
             depth: metrics::DepthCache::new(depth_store),
             unserved: janitor::UnservedView::default(),
             supervisor: supervisor.clone(),
+            open_batches: Default::default(),
             progress_outage: std::sync::Mutex::new(outage::Outage::new("progress reports")),
         });
         retry_transient("registering this worker", &cancel, || shared.register()).await?;
@@ -767,6 +767,14 @@ impl Listeners {
 }
 
 /// Binds `addr`; an error says which setting (through `err`).
+/// The lanes of every queue's consumers (each queue's bare subject and its bands).
+fn lanes_of(consumers: &HashMap<String, Vec<(Lane, PullConsumer)>>) -> Vec<Lane> {
+    consumers
+        .values()
+        .flat_map(|l| l.iter().map(|(lane, _)| lane.clone()))
+        .collect()
+}
+
 async fn bind_at(
     addr: SocketAddr,
     err: impl Fn(String, String) -> WorkerError,

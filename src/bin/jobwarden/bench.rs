@@ -84,6 +84,11 @@ pub struct BenchArgs {
     /// time and drain throughput of each, to compare.
     #[arg(long)]
     pub enqueue_many: Option<usize>,
+    /// Publish each throughput and latency phase's jobs as the members of one batch (the
+    /// envelope's `"batch": {"id", "size"}`), to compare what a batch member costs with a
+    /// plain job.
+    #[arg(long)]
+    pub batch: bool,
     /// Only time the operator's answers (stats, the dashboard's overview, queue depths, the
     /// dead-letter list) on a table holding this many finished jobs (e.g. 10000000).
     #[arg(long)]
@@ -593,7 +598,7 @@ async fn phase(
 
     let cancel = CancellationToken::new();
     let result = if rate.is_none() {
-        publish_keyed(&broker, &subject, n, None, args.keys).await?;
+        publish_keyed(&broker, &subject, n, None, args.keys, args.batch).await?;
         let counters = PgCost::before(&store).await?;
         let machine = MachineMark::now();
         let cpu = process_cpu();
@@ -627,7 +632,7 @@ async fn phase(
             .await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
-        publish_keyed(&broker, &subject, n, rate, args.keys).await?;
+        publish_keyed(&broker, &subject, n, rate, args.keys, args.batch).await?;
         wait_completed(&worker.stats, n as u64, Duration::from_secs(600)).await?;
         let elapsed = started.elapsed();
         worker.shutdown().await;
@@ -681,17 +686,20 @@ pub async fn provisioned(
 /// (publish acks are awaited while there is time before the next one is due, so the pace
 /// holds at high rates).
 pub async fn publish(broker: &Broker, subject: &str, n: usize, rate: Option<u64>) -> Result<()> {
-    publish_keyed(broker, subject, n, rate, None).await
+    publish_keyed(broker, subject, n, rate, None, false).await
 }
 
-/// [`publish`], each job's payload carrying key `i mod keys` as `"k"` (when `keys` is given).
+/// [`publish`], each job's payload carrying key `i mod keys` as `"k"` (when `keys` is given),
+/// every job a member of one batch of `n` (when `batch`).
 pub async fn publish_keyed(
     broker: &Broker,
     subject: &str,
     n: usize,
     rate: Option<u64>,
     keys: Option<usize>,
+    batch: bool,
 ) -> Result<()> {
+    let batch_id = format!("bench-{:016x}", rand::random::<u64>());
     let started = Instant::now();
     let mut acks: Vec<async_nats::jetstream::context::PublishAckFuture> = Vec::with_capacity(1024);
     for i in 0..n {
@@ -704,9 +712,14 @@ pub async fn publish_keyed(
                 tokio::time::sleep_until(due.into()).await;
             }
         }
-        let body = match keys {
-            Some(k) => serde_json::to_vec(&json!({"t": now_micros(), "i": i, "k": i % k.max(1)}))?,
-            None => serde_json::to_vec(&json!({"t": now_micros(), "i": i}))?,
+        let payload = match keys {
+            Some(k) => json!({"t": now_micros(), "i": i, "k": i % k.max(1)}),
+            None => json!({"t": now_micros(), "i": i}),
+        };
+        let body = if batch {
+            serde_json::to_vec(&json!({"payload": payload, "batch": {"id": batch_id, "size": n}}))?
+        } else {
+            serde_json::to_vec(&payload)?
         };
         acks.push(
             broker

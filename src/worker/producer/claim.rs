@@ -17,6 +17,8 @@ pub(super) enum Answer {
 /// A claim group on its way to PostgreSQL: the messages it claims (with their inputs at the
 /// same positions), and those it already knows the fate of.
 pub(super) struct Claiming {
+    /// How many messages it counted in `Producer::claiming` when it was sent.
+    pub(super) counted: usize,
     pub(super) inputs: Vec<ClaimInput>,
     /// Per input: its row probably exists (a redelivery, a job republished from its row, or
     /// one with an idempotency key), so the claim's plain insert is not tried for it.
@@ -24,6 +26,11 @@ pub(super) struct Claiming {
     pub(super) messages: Vec<Delivered>,
     pub(super) rejected: Vec<Rejected>,
     pub(super) dropped: Vec<Delivered>,
+    /// Rejected messages whose body names a batch, by their position in `rejected` (see
+    /// `members.rs`).
+    pub(super) salvaged: Vec<(usize, crate::contract::BatchDecl)>,
+    /// Members their batch refused: kept as dead jobs under their ids (see `members.rs`).
+    pub(super) refused_members: Vec<(ClaimInput, String, Option<Delivered>)>,
     /// Held until the claim's answer is taken in (see `Ledger::claim_ticket`).
     pub(super) ticket: crate::worker::ledger::ClaimTicket,
     /// When its statement was sent: the jobs' stale deadlines count from about then.
@@ -49,26 +56,21 @@ impl Producer {
     pub(super) async fn start_claim(&mut self, arrived: Vec<Delivered>, grants: usize) {
         let shared = self.shared.clone();
         let queue = self.policy.name.clone();
-        let mut decoded = self.decode(arrived);
-        self.judge_members(&mut decoded).await;
         let Decoded {
             inputs,
             known,
             messages,
-            rejected,
+            mut rejected,
             dropped,
             mismatched,
-            salvaged: _,
-            refused_members,
-        } = decoded;
+            salvaged,
+        } = self.decode(arrived);
         if !mismatched.is_empty() {
             keep_dead(&shared, mismatched, Kept::PriorityMismatch).await;
         }
-        if !refused_members.is_empty() {
-            keep_dead(&shared, refused_members, Kept::BatchRefused).await;
-        }
         if inputs.is_empty() {
             self.grants_used(grants, 0);
+            judge_salvaged(&shared, &mut rejected, &salvaged).await;
             record_invalid(&shared, &queue, rejected).await;
             self.drop_messages(dropped);
             return;
@@ -108,11 +110,14 @@ impl Producer {
         };
         self.starting += starts;
         let group = Claiming {
+            counted: messages.len(),
             inputs,
             known,
             messages,
             rejected,
             dropped,
+            salvaged,
+            refused_members: Vec::new(),
             ticket: shared.ledger.claim_ticket(),
             sent: Instant::now(),
             starts,
@@ -123,6 +128,16 @@ impl Producer {
         let keys = self.policy.keys;
         self.pending.push(
             async move {
+                let mut group = group;
+                // Members of batches first (none in most groups: no statement then).
+                if let Err(e) = judge_group(&shared, &mut group).await {
+                    let answer = ClaimAnswer::failed(&e);
+                    return ClaimDone { group, answer };
+                }
+                if group.inputs.is_empty() {
+                    let answer = ClaimAnswer::ran(true, Vec::new());
+                    return ClaimDone { group, answer };
+                }
                 let answer = match keys {
                     Some(rules) => {
                         let seqs: Vec<i64> = group
@@ -161,17 +176,20 @@ impl Producer {
     /// [`Self::finish_claim`] but for the grants.
     async fn take_answer(&mut self, group: Claiming, answer: ClaimAnswer) -> usize {
         let Claiming {
+            counted,
             inputs,
             known: _,
             messages,
             rejected,
             dropped,
+            salvaged: _,
+            refused_members,
             ticket,
             sent,
             starts,
             grants: _,
         } = group;
-        self.claiming -= messages.len();
+        self.claiming -= counted;
         self.starting -= starts;
         match answer.health {
             Some(Ok(())) => self.claims.ok(),
@@ -182,7 +200,12 @@ impl Producer {
         }
         let Some(answers) = answer.answers else {
             drop(ticket);
-            self.hand_back_group(messages, dropped, rejected).await;
+            // (Members their batch refused come back too, and are judged again.)
+            let back = messages
+                .into_iter()
+                .chain(refused_members.into_iter().filter_map(|(_, _, d)| d))
+                .collect();
+            self.hand_back_group(back, dropped, rejected).await;
             return 0;
         };
         if !answers.registered {
@@ -204,6 +227,9 @@ impl Producer {
             {
                 k.nudge();
             }
+        }
+        if !refused_members.is_empty() {
+            keep_dead(&self.shared, refused_members, Kept::BatchRefused).await;
         }
         let mut fates = Fates {
             rejected,

@@ -19,8 +19,6 @@ pub(super) struct Decoded {
     /// Refused messages whose body names a batch (schema version 34), by their position in
     /// `rejected`: kept as dead members of it when it is open (see `members.rs`).
     pub(super) salvaged: Vec<(usize, crate::contract::BatchDecl)>,
-    /// Members their batch refused (see `members.rs`): kept as dead jobs under their ids.
-    pub(super) refused_members: Vec<(ClaimInput, String, Option<Delivered>)>,
 }
 
 /// A message jobwarden republished from the job's row (the scheduler, for a retry, a due or
@@ -142,7 +140,6 @@ impl Producer {
             dropped,
             mismatched,
             salvaged,
-            refused_members: Vec::new(),
         }
     }
 }

@@ -55,6 +55,7 @@ mod statement;
 use claim::*;
 use decode::*;
 use keyed::*;
+use members::*;
 use pulls::*;
 use rejected::*;
 use slots::*;
@@ -62,6 +63,7 @@ use statement::*;
 
 pub(crate) use decode::republished;
 pub(crate) use delivered::Delivered;
+pub(crate) use members::OpenBatches;
 pub(crate) use rejected::{invalid_payload, record_invalid, Rejected};
 pub(crate) use slots::Freed;
 

@@ -25,7 +25,7 @@ pub(super) struct Answers {
 
 impl ClaimAnswer {
     /// Nothing claimed: the database failed with `e`.
-    fn failed(e: &crate::store::StoreError) -> ClaimAnswer {
+    pub(super) fn failed(e: &crate::store::StoreError) -> ClaimAnswer {
         ClaimAnswer {
             answers: None,
             health: Some(Err(e.to_string())),
@@ -33,7 +33,7 @@ impl ClaimAnswer {
     }
 
     /// The statement ran.
-    fn ran(registered: bool, each: Vec<Answer>) -> ClaimAnswer {
+    pub(super) fn ran(registered: bool, each: Vec<Answer>) -> ClaimAnswer {
         ClaimAnswer {
             answers: Some(Answers {
                 registered,
