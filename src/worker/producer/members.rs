@@ -22,22 +22,23 @@ const OPEN_FOR: Duration = Duration::from_secs(1);
 /// Most batches remembered as open at once (older entries go first).
 const OPEN_MAX: usize = 10_000;
 
-/// The batches found open lately, each with its declaration and when (see [`OPEN_FOR`]).
+/// The batches found open lately, each as it was declared and when (see [`OPEN_FOR`]).
 #[derive(Default)]
-pub(crate) struct OpenBatches(Mutex<HashMap<String, (Value, Instant)>>);
+pub(crate) struct OpenBatches(Mutex<HashMap<String, (BatchDecl, Instant)>>);
 
 impl OpenBatches {
-    /// The batch was found open lately, declared as `decl` declares it.
-    fn open(&self, decl: &BatchDecl, declaration: &Value) -> bool {
+    /// The batch was found open lately, declared as `decl` declares it (a message's
+    /// declaration is read in one form: declarations that mean the same are equal).
+    fn open(&self, decl: &BatchDecl) -> bool {
         let map = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         map.get(&decl.id)
-            .is_some_and(|(d, at)| at.elapsed() < OPEN_FOR && d == declaration)
+            .is_some_and(|(d, at)| at.elapsed() < OPEN_FOR && d == decl)
     }
 
-    fn found_open(&self, decl: &BatchDecl, declaration: Value) {
+    fn found_open(&self, decl: &BatchDecl) {
         let mut map = self
             .0
             .lock()
@@ -46,7 +47,7 @@ impl OpenBatches {
             map.retain(|_, (_, at)| at.elapsed() < OPEN_FOR);
         }
         if map.len() < OPEN_MAX {
-            map.insert(decl.id.clone(), (declaration, Instant::now()));
+            map.insert(decl.id.clone(), (decl.clone(), Instant::now()));
         }
     }
 }
@@ -79,11 +80,8 @@ async fn verdicts(
             all.len() - 1
         }));
     }
-    let declarations: Vec<Value> = all.iter().map(|(_, d)| d.declaration()).collect();
     let known = &shared.open_batches;
-    let ask: Vec<usize> = (0..all.len())
-        .filter(|&k| !known.open(all[k].1, &declarations[k]))
-        .collect();
+    let ask: Vec<usize> = (0..all.len()).filter(|&k| !known.open(all[k].1)).collect();
     let mut judged = vec![None; all.len()];
     if !ask.is_empty() {
         let ids: Vec<&str> = ask.iter().map(|&k| all[k].0).collect();
@@ -91,7 +89,7 @@ async fn verdicts(
         let answers = shared.store.batch_join_decls(&ids, &decls).await?;
         for (&k, v) in ask.iter().zip(answers) {
             if v.open {
-                known.found_open(all[k].1, declarations[k].clone());
+                known.found_open(all[k].1);
             }
             judged[k] = Some(v);
         }
@@ -184,13 +182,13 @@ mod tests {
         };
         let known = OpenBatches::default();
         let (two, three) = (decl(2), decl(3));
-        assert!(!known.open(&two, &two.declaration()));
-        known.found_open(&two, two.declaration());
-        assert!(known.open(&two, &two.declaration()));
+        assert!(!known.open(&two));
+        known.found_open(&two);
+        assert!(known.open(&two));
         // Declared otherwise: asked again (and refused).
-        assert!(!known.open(&three, &three.declaration()));
+        assert!(!known.open(&three));
         // Past OPEN_FOR, asked again.
         known.0.lock().unwrap().get_mut("b").unwrap().1 -= OPEN_FOR;
-        assert!(!known.open(&two, &two.declaration()));
+        assert!(!known.open(&two));
     }
 }
