@@ -30,6 +30,26 @@ pub(crate) fn republished(msg_id: &str, id: &str) -> bool {
         .is_some_and(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// A message that cannot become a job (kept dead under `id`, its own), and the batch its
+/// body names, if any (a dead member of it, see `members.rs`).
+fn refuse(
+    rejected: &mut Vec<Rejected>,
+    salvaged: &mut Vec<(usize, crate::contract::BatchDecl)>,
+    (id, delivered): (String, Delivered),
+    reason: String,
+    batch: Option<crate::contract::BatchDecl>,
+) {
+    if let Some(b) = batch {
+        salvaged.push((rejected.len(), b));
+    }
+    rejected.push(Rejected {
+        id,
+        reason,
+        batch: None,
+        delivered,
+    });
+}
+
 impl Producer {
     /// Decodes a group's messages: the claimable ones with their claim inputs, and those
     /// whose fate is known already (invalid, a duplicate within the group, a priority that
@@ -74,15 +94,9 @@ impl Producer {
                         .take_key(&mut job, again, |h| d.header(h))
                         .and_then(|()| self.policy.gate_job(&mut job, again));
                     if let Err(e) = taken {
-                        if let Some(b) = job.batch.take() {
-                            salvaged.push((rejected.len(), b));
-                        }
-                        rejected.push(Rejected {
-                            id: d.own_id(&queue, &stream),
-                            reason: e.to_string(),
-                            batch: None,
-                            delivered: d,
-                        });
+                        let batch = job.batch.take();
+                        let id = d.own_id(&queue, &stream);
+                        refuse(&mut rejected, &mut salvaged, (id, d), e.to_string(), batch);
                         continue;
                     }
                     // The subject a message came by is its priority: the lane it is delivered
@@ -120,15 +134,9 @@ impl Producer {
                 }
                 Ok(_) => dropped.push(d),
                 Err(e) => {
-                    if let Some(b) = job::batch_of_refused(&d.msg.payload) {
-                        salvaged.push((rejected.len(), b));
-                    }
-                    rejected.push(Rejected {
-                        id: d.own_id(&queue, &stream),
-                        reason: e.to_string(),
-                        batch: None,
-                        delivered: d,
-                    });
+                    let batch = job::batch_of_refused(&d.msg.payload);
+                    let id = d.own_id(&queue, &stream);
+                    refuse(&mut rejected, &mut salvaged, (id, d), e.to_string(), batch);
                 }
             }
         }
