@@ -238,7 +238,7 @@ impl Store {
         let (batch, seqs): (
             std::borrow::Cow<[ClaimInput]>,
             std::borrow::Cow<[Option<i64>]>,
-        ) = if verdicts.iter().any(|v| v != &Default::default()) {
+        ) = if batch.iter().any(|i| i.job.batch.is_some()) {
             let (b, s) = batch
                 .iter()
                 .zip(seqs)

@@ -7,7 +7,7 @@
 -- $13 the keys, $14 the messages' stream sequences: a keyed queue's job keeps its place in
 -- its key's publish order, `seq`, when the intake parks it after the republish; $15 what
 -- gates each job, `jobs.gate`, version 23: the gate trigger decides as at a claim; $16 the
--- batch each joins, version 34, NULL for none: batch_join() judged them).
+-- batch each joins, version 34, NULL for none: batch_join.sql judged them).
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::int2[], $5::int4[], $6::int4[],

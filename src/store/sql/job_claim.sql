@@ -23,7 +23,7 @@
 -- expire_after (ms, NULL for none); $16 the keys (version 20, NULL for none); $17 what gates
 -- each job (`jobs.gate`, version 23, NULL for none, the common case: the gate trigger then
 -- does not fire; else it decides whether the row runs, waits as debounced or ends throttled).
--- $18 the batch each job joins (version 34, NULL for none; batch_join() judged them).
+-- $18 the batch each job joins (version 34, NULL for none; batch_join.sql judged them).
 -- A key is stored with the row a message creates; an existing row keeps its own. The lookups of existing rows take only the ids the insert did not
 -- (`others`, an array: empty for a batch of new jobs, the common case), so the generic plan
 -- reads the primary key for just those instead of joining the table against the batch.

@@ -1,6 +1,6 @@
 -- Records messages that cannot run as dead jobs with the reason, so nothing vanishes.
 -- $1 worker id; $2 ids; $3 queues; $4 payloads; $5 reasons; $6 the batch each joins (version
--- 34, NULL for none: a dead member of it, batch_join() judged it).
+-- 34, NULL for none: a dead member of it, batch_join.sql judged it).
 INSERT INTO jobs (id, queue, payload, status, attempts, max_attempts, last_error, worker_id,
                   completed_at, batch)
 SELECT id, queue, payload, 'dead', 0, 1, reason, $1, now(), batch
