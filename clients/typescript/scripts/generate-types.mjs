@@ -6,6 +6,7 @@
 //
 //   node scripts/generate-types.mjs           write the file
 //   node scripts/generate-types.mjs --check   exit 1 if the committed file differs (a test runs this)
+//   ... --schema PATH                          read another schema (the test's drift check)
 //
 // The generator knows the keywords the schema uses today and refuses any other, so a schema
 // that grows a new kind of rule fails here (and in the drift test) instead of being ignored.
@@ -15,7 +16,11 @@ import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..");
-const SCHEMA = join(root, "..", "..", "docs", "message.schema.json");
+const option = (name) => {
+  const i = process.argv.indexOf(name);
+  return i > 0 ? process.argv[i + 1] : undefined;
+};
+const SCHEMA = option("--schema") ?? join(root, "..", "..", "docs", "message.schema.json");
 const OUT = join(root, "src", "envelope.generated.ts");
 
 /** Keywords src/contract.ts understands (and the prose ones it skips). */
