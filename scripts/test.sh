@@ -8,11 +8,12 @@
 #
 # Runs: cargo build --all-targets
 #       cargo test --all-targets [ARGS...] -- --test-threads=2 [TEST BINARY ARGS...]
+#       bash clients/test.sh (the TypeScript and Python producer libraries; without ARGS only)
 # (--all-targets is left out if ARGS choose targets, e.g. --test NAME or --lib:
 # cargo would otherwise run every target as well; --test-threads=2 is left out
 # if you pass your own --test-threads).
-# Exits with cargo's exit code. Never prompts (also fine with CI=true and no
-# terminal).
+# Exits with cargo's exit code (or, when cargo passed, clients/test.sh's). Never
+# prompts (also fine with CI=true and no terminal).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -73,6 +74,21 @@ echo "==> ${test_cmd[*]}"
 if ((rc != 0)); then
     echo "==> FAILED: cargo test exited with $rc" >&2
 else
-    echo "==> all tests passed"
+    echo "==> all cargo tests passed"
+fi
+
+# The producer libraries (clients/typescript, clients/python): their own suites against the
+# same servers and the binary just built, for the whole suite only (arguments that choose
+# cargo targets or tests leave them out). Their last line, `clients: N passed, N failed`,
+# ends the run; the exit code is cargo's if it failed, else theirs.
+if ((${#cargo_args[@]} == 0)); then
+    echo "==> bash clients/test.sh (TypeScript and Python producer libraries)"
+    clients_rc=0
+    bash clients/test.sh || clients_rc=$?
+    if ((rc == 0)); then
+        rc=$clients_rc
+    fi
+else
+    echo "==> clients/test.sh left out (cargo arguments choose what runs: ${cargo_args[*]}); run it with: bash clients/test.sh"
 fi
 exit "$rc"
