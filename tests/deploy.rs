@@ -17,11 +17,17 @@
 //! are looked for only there (a kubectl on PATH may carry another kustomize). A missing one
 //! fails the test in CI and skips it loudly elsewhere ([`common::tools::require_tool`]).
 //!
-//! The NACK `Stream` and `Consumer` kinds have no schema in kubernetes-validate: for them,
-//! and only for them, its "couldn't find schema" warning is accepted; their settings are
-//! compared with what the worker itself would provision instead.
+//! The NACK `Stream` and `Consumer` kinds (and KEDA's `ScaledObject`) have no schema in
+//! kubernetes-validate: for them, and only for them, its "couldn't find schema" warning is
+//! accepted; their settings are compared with what the worker itself would provision (and,
+//! for KEDA, with the consumers it would use) instead.
+//!
+//! The Helm chart (`deploy/helm/jobwarden`) is held to the same rules by the tests of
+//! [`helm`] (tests/deploy/helm.rs), which also compare its default rendering with k8s/base.
 
 mod common;
+#[path = "deploy/helm.rs"]
+mod helm;
 
 use jobwarden::broker::Lane;
 use serde_json::Value;
@@ -41,10 +47,12 @@ const KUSTOMIZATIONS: [&str; 4] = [
 ];
 /// Native sidecars need 1.29; 1.33 is where they are stable.
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.29.0", "1.33.0"];
-/// The kinds kubernetes-validate has no schema for, and may only warn about.
-const CRD_KINDS: [(&str, &str); 2] = [
+/// The kinds kubernetes-validate has no schema for, and may only warn about: NACK's, and
+/// KEDA's ScaledObject (the Helm chart's keda.enabled).
+const CRD_KINDS: [(&str, &str); 3] = [
     ("jetstream.nats.io/v1beta2", "Stream"),
     ("jetstream.nats.io/v1beta2", "Consumer"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
 ];
 const SIDECAR: &str = "jobwarden";
 const CONFIG_KEY: &str = "jobwarden.toml";
@@ -75,9 +83,9 @@ fn tools_dir() -> PathBuf {
     cache.join("jobwarden/deploy-tools")
 }
 
-/// The pinned tools `names` (kubectl, kubernetes-validate, yamllint, hadolint): their paths,
-/// or `None` outside CI when one is missing (in CI the test fails instead). Stops at the
-/// first missing one, so a skipping test says so in one line.
+/// The pinned tools `names` (kubectl, kubernetes-validate, yamllint, hadolint, helm): their
+/// paths, or `None` outside CI when one is missing (in CI the test fails instead). Stops at
+/// the first missing one, so a skipping test says so in one line.
 #[track_caller]
 fn tools<const N: usize>(names: [&str; N]) -> Option<[PathBuf; N]> {
     let mut found = Vec::with_capacity(N);
@@ -124,14 +132,20 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// One kustomization, rendered.
+/// One kustomization or Helm rendering, rendered.
 struct Rendered {
-    dir: &'static str,
+    /// What was rendered: the kustomization's directory, or the helm command's values.
+    dir: String,
     yaml: String,
     docs: Vec<Value>,
 }
 
 impl Rendered {
+    /// Whether jobwarden should run as a classic sidecar (in containers[]) here.
+    fn classic(&self) -> bool {
+        self.dir.contains("classic")
+    }
+
     fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
         self.docs.iter().filter(move |d| d["kind"] == kind)
     }
@@ -177,7 +191,11 @@ fn rendered(kubectl: &Path) -> &'static [Rendered] {
                 let yaml = String::from_utf8(out.stdout).unwrap();
                 let docs = yaml_to_json(&yaml, &format!("kubectl kustomize {dir}"));
                 assert!(!docs.is_empty(), "kubectl kustomize {dir} rendered nothing");
-                Rendered { dir, yaml, docs }
+                Rendered {
+                    dir: dir.to_string(),
+                    yaml,
+                    docs,
+                }
             })
             .collect()
     })
@@ -657,7 +675,7 @@ fn configmap_passes_config_check_with_each_pods_environment() {
     let all = rendered(&kubectl);
     let (source, source_text) = configmap_file();
     for r in all {
-        let (cm, toml_text) = config_map(r);
+        let (_, toml_text) = config_map(r);
         // The tests that read the file directly check what is deployed.
         assert_eq!(
             toml_text,
@@ -666,45 +684,52 @@ fn configmap_passes_config_check_with_each_pods_environment() {
             r.dir,
             source.display()
         );
-        let dir = TempDir::new();
-        let file = dir.0.join(CONFIG_KEY);
-        std::fs::write(&file, &toml_text).unwrap();
-        let cm_name = cm["metadata"]["name"].as_str().unwrap();
-        let image = r.jobwarden_image();
-        for (kind, template) in r.pod_templates() {
-            let pod = &template["spec"];
-            for c in containers(pod).into_iter().filter(|c| &c["image"] == image) {
-                let what = format!("{}: {kind} container {}", r.dir, c["name"]);
-                // The file the process reads is the mounted ConfigMap key.
-                let path = env(c, "JOBWARDEN_CONFIG")
-                    .and_then(|e| e["value"].as_str())
-                    .unwrap_or_else(|| panic!("{what}: no JOBWARDEN_CONFIG"));
-                let volume = pod["volumes"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|v| v["configMap"]["name"] == cm_name)
-                    .unwrap_or_else(|| panic!("{what}: no volume of ConfigMap {cm_name}"));
-                let mount = c["volumeMounts"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|m| m["name"] == volume["name"])
-                    .unwrap_or_else(|| panic!("{what}: the ConfigMap is not mounted"));
-                assert_eq!(
-                    path,
-                    format!("{}/{CONFIG_KEY}", mount["mountPath"].as_str().unwrap()),
-                    "{what}: JOBWARDEN_CONFIG is not the mounted {CONFIG_KEY}"
-                );
-                // With the sidecar's JOBWARDEN_POD_TERMINATION_GRACE_SECONDS, config check
-                // also warns when the drain does not fit the pod's grace period.
-                let out = config_check(&file, &container_env(c, "jobwarden-0"));
-                assert!(
-                    out.status.success() && !text(&out).contains("warning"),
-                    "{what}: `jobwarden config check` fails or warns:\n{}",
-                    text(&out)
-                );
-            }
+        check_config_in_each_container(r);
+    }
+}
+
+/// Every container running jobwarden's image reads the mounted ConfigMap's file, which
+/// passes `jobwarden config check` with that container's environment, without a warning.
+fn check_config_in_each_container(r: &Rendered) {
+    let (cm, toml_text) = config_map(r);
+    let dir = TempDir::new();
+    let file = dir.0.join(CONFIG_KEY);
+    std::fs::write(&file, &toml_text).unwrap();
+    let cm_name = cm["metadata"]["name"].as_str().unwrap();
+    let image = r.jobwarden_image();
+    for (kind, template) in r.pod_templates() {
+        let pod = &template["spec"];
+        for c in containers(pod).into_iter().filter(|c| &c["image"] == image) {
+            let what = format!("{}: {kind} container {}", r.dir, c["name"]);
+            // The file the process reads is the mounted ConfigMap key.
+            let path = env(c, "JOBWARDEN_CONFIG")
+                .and_then(|e| e["value"].as_str())
+                .unwrap_or_else(|| panic!("{what}: no JOBWARDEN_CONFIG"));
+            let volume = pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["configMap"]["name"] == cm_name)
+                .unwrap_or_else(|| panic!("{what}: no volume of ConfigMap {cm_name}"));
+            let mount = c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == volume["name"])
+                .unwrap_or_else(|| panic!("{what}: the ConfigMap is not mounted"));
+            assert_eq!(
+                path,
+                format!("{}/{CONFIG_KEY}", mount["mountPath"].as_str().unwrap()),
+                "{what}: JOBWARDEN_CONFIG is not the mounted {CONFIG_KEY}"
+            );
+            // With the sidecar's JOBWARDEN_POD_TERMINATION_GRACE_SECONDS, config check
+            // also warns when the drain does not fit the pod's grace period.
+            let out = config_check(&file, &container_env(c, "jobwarden-0"));
+            assert!(
+                out.status.success() && !text(&out).contains("warning"),
+                "{what}: `jobwarden config check` fails or warns:\n{}",
+                text(&out)
+            );
         }
     }
 }
@@ -766,73 +791,78 @@ fn workers_run_as_a_parallel_statefulset_named_after_their_pods_without_migratin
     };
     let all = rendered(&kubectl);
     for r in all {
-        let sts = r.one("StatefulSet").unwrap();
-        let pod = &sts["spec"]["template"]["spec"];
-        assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel", "{}", r.dir);
-        // The governing Service is headless and serves the ops port.
-        let svc = r
-            .of_kind("Service")
-            .find(|s| s["metadata"]["name"] == sts["spec"]["serviceName"])
-            .unwrap_or_else(|| panic!("{}: no Service {}", r.dir, sts["spec"]["serviceName"]));
-        assert_eq!(
-            svc["spec"]["clusterIP"], "None",
-            "{}: the Service is not headless",
-            r.dir
-        );
-        assert_eq!(
-            svc["spec"]["selector"], sts["spec"]["selector"]["matchLabels"],
-            "{}",
-            r.dir
-        );
-        // One worker down at a time.
-        let pdb = r.one("PodDisruptionBudget").expect("a PodDisruptionBudget");
-        assert_eq!(pdb["apiVersion"], "policy/v1");
-        assert_eq!(pdb["spec"]["maxUnavailable"], 1, "{}", r.dir);
-        assert_eq!(
-            pdb["spec"]["selector"], sts["spec"]["selector"],
-            "{}",
-            r.dir
-        );
-
-        let (sc, _) = sidecar(pod).expect("the sidecar");
-        assert_eq!(
-            env(sc, "JOBWARDEN_WORKER__HOSTNAME").map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]),
-            Some(&Value::from("metadata.name")),
-            "{}: worker.hostname must be the pod's name",
-            r.dir
-        );
-        let config = effective_config(r);
-        assert_eq!(
-            config["worker"]["hostname"].as_str(),
-            Some("jobwarden-0"),
-            "{}",
-            r.dir
-        );
-        assert_eq!(
-            config["worker"]["migrate"].as_bool(),
-            Some(false),
-            "{}",
-            r.dir
-        );
-
-        // Workers and the migration Job connect as different roles.
-        let job = r.one("Job").expect("the migration Job");
-        let migrate = &job["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(migrate["args"], serde_json::json!(["migrate"]), "{}", r.dir);
-        let secret = |c: &Value| {
-            env(c, "JOBWARDEN_DATABASE__URL")
-                .map(|e| e["valueFrom"]["secretKeyRef"]["name"].clone())
-        };
-        let (worker_secret, migrate_secret) = (secret(sc), secret(migrate));
-        assert!(
-            worker_secret.as_ref().is_some_and(Value::is_string)
-                && migrate_secret.as_ref().is_some_and(Value::is_string)
-                && worker_secret != migrate_secret,
-            "{}: workers and the migration Job must read their database URLs from two Secrets \
-             ({worker_secret:?}, {migrate_secret:?})",
-            r.dir
-        );
+        check_workers(r);
     }
+}
+
+/// A parallel StatefulSet with its headless Service and PDB, its pods' names the workers'
+/// hostnames, and a migration Job connecting as another role than the workers.
+fn check_workers(r: &Rendered) {
+    let sts = r.one("StatefulSet").unwrap();
+    let pod = &sts["spec"]["template"]["spec"];
+    assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel", "{}", r.dir);
+    // The governing Service is headless and serves the ops port.
+    let svc = r
+        .of_kind("Service")
+        .find(|s| s["metadata"]["name"] == sts["spec"]["serviceName"])
+        .unwrap_or_else(|| panic!("{}: no Service {}", r.dir, sts["spec"]["serviceName"]));
+    assert_eq!(
+        svc["spec"]["clusterIP"], "None",
+        "{}: the Service is not headless",
+        r.dir
+    );
+    assert_eq!(
+        svc["spec"]["selector"], sts["spec"]["selector"]["matchLabels"],
+        "{}",
+        r.dir
+    );
+    // One worker down at a time.
+    let pdb = r.one("PodDisruptionBudget").expect("a PodDisruptionBudget");
+    assert_eq!(pdb["apiVersion"], "policy/v1");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1, "{}", r.dir);
+    assert_eq!(
+        pdb["spec"]["selector"], sts["spec"]["selector"],
+        "{}",
+        r.dir
+    );
+
+    let (sc, _) = sidecar(pod).expect("the sidecar");
+    assert_eq!(
+        env(sc, "JOBWARDEN_WORKER__HOSTNAME").map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]),
+        Some(&Value::from("metadata.name")),
+        "{}: worker.hostname must be the pod's name",
+        r.dir
+    );
+    let config = effective_config(r);
+    assert_eq!(
+        config["worker"]["hostname"].as_str(),
+        Some("jobwarden-0"),
+        "{}",
+        r.dir
+    );
+    assert_eq!(
+        config["worker"]["migrate"].as_bool(),
+        Some(false),
+        "{}",
+        r.dir
+    );
+
+    // Workers and the migration Job connect as different roles.
+    let job = r.one("Job").expect("the migration Job");
+    let migrate = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(migrate["args"], serde_json::json!(["migrate"]), "{}", r.dir);
+    let secret = |c: &Value| {
+        env(c, "JOBWARDEN_DATABASE__URL").map(|e| e["valueFrom"]["secretKeyRef"]["name"].clone())
+    };
+    let (worker_secret, migrate_secret) = (secret(sc), secret(migrate));
+    assert!(
+        worker_secret.as_ref().is_some_and(Value::is_string)
+            && migrate_secret.as_ref().is_some_and(Value::is_string)
+            && worker_secret != migrate_secret,
+        "{}: workers and the migration Job must read their database URLs from two Secrets \
+         ({worker_secret:?}, {migrate_secret:?})",
+        r.dir
+    );
 }
 
 #[test]
@@ -842,46 +872,51 @@ fn termination_grace_matches_the_sidecars_env_and_covers_shutdown_grace_plus_30s
     };
     let all = rendered(&kubectl);
     for r in all {
-        let sts = r.one("StatefulSet").unwrap();
-        let pod = &sts["spec"]["template"]["spec"];
-        let grace = pod["terminationGracePeriodSeconds"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{}: no terminationGracePeriodSeconds", r.dir));
-        let (sc, _) = sidecar(pod).unwrap();
-        let told = env(sc, "JOBWARDEN_POD_TERMINATION_GRACE_SECONDS")
-            .and_then(|e| e["value"].as_str())
-            .unwrap_or_else(|| panic!("{}: no JOBWARDEN_POD_TERMINATION_GRACE_SECONDS", r.dir));
-        assert_eq!(
-            told,
-            grace.to_string(),
-            "{}: the sidecar's JOBWARDEN_POD_TERMINATION_GRACE_SECONDS and the pod's \
-             terminationGracePeriodSeconds differ",
-            r.dir
-        );
-        let shutdown_grace = duration(&effective_config(r), "worker", "shutdown_grace");
+        check_termination_grace(r);
+    }
+}
+
+/// The pod's grace period, told to the sidecar, covers worker.shutdown_grace + 30 s.
+fn check_termination_grace(r: &Rendered) {
+    let sts = r.one("StatefulSet").unwrap();
+    let pod = &sts["spec"]["template"]["spec"];
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}: no terminationGracePeriodSeconds", r.dir));
+    let (sc, _) = sidecar(pod).unwrap();
+    let told = env(sc, "JOBWARDEN_POD_TERMINATION_GRACE_SECONDS")
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("{}: no JOBWARDEN_POD_TERMINATION_GRACE_SECONDS", r.dir));
+    assert_eq!(
+        told,
+        grace.to_string(),
+        "{}: the sidecar's JOBWARDEN_POD_TERMINATION_GRACE_SECONDS and the pod's \
+         terminationGracePeriodSeconds differ",
+        r.dir
+    );
+    let shutdown_grace = duration(&effective_config(r), "worker", "shutdown_grace");
+    assert!(
+        Duration::from_secs(grace) >= shutdown_grace + AFTER_GRACE,
+        "{}: terminationGracePeriodSeconds {grace} < worker.shutdown_grace {shutdown_grace:?} + 30 s",
+        r.dir
+    );
+    // The binary's own check (`config check --termination-grace-period`) agrees: quiet
+    // at the pod's value, a warning 1 s below what the drain needs.
+    let (_, toml_text) = config_map(r);
+    let dir = TempDir::new();
+    let file = dir.0.join(CONFIG_KEY);
+    std::fs::write(&file, toml_text).unwrap();
+    let too_short = (shutdown_grace + AFTER_GRACE).as_secs() - 1;
+    for (secs, warns) in [(grace, false), (too_short, true)] {
+        let period = format!("{secs}s");
+        let out = config_check_with(&file, &[], &["--termination-grace-period", &period]);
         assert!(
-            Duration::from_secs(grace) >= shutdown_grace + AFTER_GRACE,
-            "{}: terminationGracePeriodSeconds {grace} < worker.shutdown_grace {shutdown_grace:?} + 30 s",
-            r.dir
+            out.status.success() && text(&out).contains("warning") == warns,
+            "{}: config check --termination-grace-period {period} should {}warn:\n{}",
+            r.dir,
+            if warns { "" } else { "not " },
+            text(&out)
         );
-        // The binary's own check (`config check --termination-grace-period`) agrees: quiet
-        // at the pod's value, a warning 1 s below what the drain needs.
-        let (_, toml_text) = config_map(r);
-        let dir = TempDir::new();
-        let file = dir.0.join(CONFIG_KEY);
-        std::fs::write(&file, toml_text).unwrap();
-        let too_short = (shutdown_grace + AFTER_GRACE).as_secs() - 1;
-        for (secs, warns) in [(grace, false), (too_short, true)] {
-            let period = format!("{secs}s");
-            let out = config_check_with(&file, &[], &["--termination-grace-period", &period]);
-            assert!(
-                out.status.success() && text(&out).contains("warning") == warns,
-                "{}: config check --termination-grace-period {period} should {}warn:\n{}",
-                r.dir,
-                if warns { "" } else { "not " },
-                text(&out)
-            );
-        }
     }
 }
 
@@ -896,84 +931,89 @@ fn probes_and_the_prestop_hook_reach_the_ops_port() {
     };
     let all = rendered(&kubectl);
     for r in all {
-        let pod = &r.one("StatefulSet").unwrap()["spec"]["template"]["spec"];
-        let (sc, native) = sidecar(pod).unwrap();
-        assert_eq!(native, r.dir != "k8s/overlays/classic-sidecar", "{}", r.dir);
-        if native {
-            assert_eq!(sc["restartPolicy"], "Always", "{}", r.dir);
-        }
-        assert!(
-            sc["ports"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|p| p["name"] == "ops" && p["containerPort"] == OPS_PORT),
-            "{}: the sidecar declares no port ops = {OPS_PORT}",
-            r.dir
-        );
-        for (probe, path) in [
-            ("startupProbe", "/readyz"),
-            ("readinessProbe", "/readyz"),
-            ("livenessProbe", "/livez"),
-        ] {
-            let get = &sc[probe]["httpGet"];
-            assert_eq!(get["path"], path, "{}: {probe}", r.dir);
-            assert_eq!(
-                port_number(sc, &get["port"]),
-                Some(OPS_PORT),
-                "{}: {probe}",
-                r.dir
-            );
-        }
-        // The worker listens where the probes knock.
-        let ops_listen = effective_config(r)["worker"]["ops_listen"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(
-            ops_listen.ends_with(&format!(":{OPS_PORT}")) && !ops_listen.starts_with("127."),
-            "{}: worker.ops_listen {ops_listen} is not reachable on the pod IP's port {OPS_PORT}",
-            r.dir
-        );
-        // Every application container drains the worker before it stops.
-        let apps: Vec<&Value> = pod["containers"]
+        check_probes_and_prestop(r);
+    }
+}
+
+/// The sidecar's probes and every application's preStop drain reach the ops port.
+fn check_probes_and_prestop(r: &Rendered) {
+    let pod = &r.one("StatefulSet").unwrap()["spec"]["template"]["spec"];
+    let (sc, native) = sidecar(pod).unwrap();
+    assert_eq!(native, !r.classic(), "{}", r.dir);
+    if native {
+        assert_eq!(sc["restartPolicy"], "Always", "{}", r.dir);
+    }
+    assert!(
+        sc["ports"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|c| c["name"] != SIDECAR)
-            .collect();
-        assert!(!apps.is_empty(), "{}: no application container", r.dir);
-        for app in apps {
-            let get = &app["lifecycle"]["preStop"]["httpGet"];
-            assert_eq!(
-                get["path"], "/v1/drain",
-                "{}: {}'s preStop",
-                r.dir, app["name"]
-            );
-            assert!(
-                get["host"].is_null(),
-                "{}: the hook must go to the pod IP",
-                r.dir
-            );
-            // A GET drains only with this header (any other GET is refused with 405).
-            let headers = get["httpHeaders"].as_array().cloned().unwrap_or_default();
-            assert!(
-                headers
-                    .iter()
-                    .any(|h| h["name"] == "X-Jobwarden-Drain" && h["value"] == "preStop"),
-                "{}: {}'s preStop must send X-Jobwarden-Drain: preStop, or the worker answers \
-                 405 and never drains: {headers:?}",
-                r.dir,
-                app["name"]
-            );
-            assert_eq!(
-                port_number(app, &get["port"]),
-                Some(OPS_PORT),
-                "{}: {}'s preStop port (named ports resolve against the container's own)",
-                r.dir,
-                app["name"]
-            );
-        }
+            .any(|p| p["name"] == "ops" && p["containerPort"] == OPS_PORT),
+        "{}: the sidecar declares no port ops = {OPS_PORT}",
+        r.dir
+    );
+    for (probe, path) in [
+        ("startupProbe", "/readyz"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/livez"),
+    ] {
+        let get = &sc[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{}: {probe}", r.dir);
+        assert_eq!(
+            port_number(sc, &get["port"]),
+            Some(OPS_PORT),
+            "{}: {probe}",
+            r.dir
+        );
+    }
+    // The worker listens where the probes knock.
+    let ops_listen = effective_config(r)["worker"]["ops_listen"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        ops_listen.ends_with(&format!(":{OPS_PORT}")) && !ops_listen.starts_with("127."),
+        "{}: worker.ops_listen {ops_listen} is not reachable on the pod IP's port {OPS_PORT}",
+        r.dir
+    );
+    // Every application container drains the worker before it stops.
+    let apps: Vec<&Value> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] != SIDECAR)
+        .collect();
+    assert!(!apps.is_empty(), "{}: no application container", r.dir);
+    for app in apps {
+        let get = &app["lifecycle"]["preStop"]["httpGet"];
+        assert_eq!(
+            get["path"], "/v1/drain",
+            "{}: {}'s preStop",
+            r.dir, app["name"]
+        );
+        assert!(
+            get["host"].is_null(),
+            "{}: the hook must go to the pod IP",
+            r.dir
+        );
+        // A GET drains only with this header (any other GET is refused with 405).
+        let headers = get["httpHeaders"].as_array().cloned().unwrap_or_default();
+        assert!(
+            headers
+                .iter()
+                .any(|h| h["name"] == "X-Jobwarden-Drain" && h["value"] == "preStop"),
+            "{}: {}'s preStop must send X-Jobwarden-Drain: preStop, or the worker answers \
+             405 and never drains: {headers:?}",
+            r.dir,
+            app["name"]
+        );
+        assert_eq!(
+            port_number(app, &get["port"]),
+            Some(OPS_PORT),
+            "{}: {}'s preStop port (named ports resolve against the container's own)",
+            r.dir,
+            app["name"]
+        );
     }
 }
 
@@ -984,64 +1024,7 @@ fn every_container_has_requests_limits_and_the_restricted_security_context() {
     };
     let all = rendered(&kubectl);
     for r in all {
-        for (kind, template) in r.pod_templates() {
-            let pod = &template["spec"];
-            let pod_sc = &pod["securityContext"];
-            for c in containers(pod) {
-                let what = format!("{}: {kind} container {}", r.dir, c["name"]);
-                for (side, res) in [
-                    ("requests", "cpu"),
-                    ("requests", "memory"),
-                    ("limits", "cpu"),
-                    ("limits", "memory"),
-                ] {
-                    assert!(
-                        c["resources"][side][res].is_string(),
-                        "{what}: no resources.{side}.{res}"
-                    );
-                }
-                let sc = &c["securityContext"];
-                // A container's setting wins over the pod's.
-                let effective = |key: &str| {
-                    if sc[key].is_null() {
-                        pod_sc[key].clone()
-                    } else {
-                        sc[key].clone()
-                    }
-                };
-                assert_eq!(effective("runAsNonRoot"), true, "{what}: runAsNonRoot");
-                assert!(
-                    effective("runAsUser").as_i64().is_some_and(|u| u > 0),
-                    "{what}: runAsUser"
-                );
-                assert!(
-                    effective("runAsGroup").as_i64().is_some_and(|g| g > 0),
-                    "{what}: runAsGroup"
-                );
-                assert_eq!(
-                    effective("seccompProfile")["type"],
-                    "RuntimeDefault",
-                    "{what}: seccompProfile"
-                );
-                assert_eq!(
-                    sc["allowPrivilegeEscalation"], false,
-                    "{what}: allowPrivilegeEscalation"
-                );
-                assert_eq!(
-                    sc["readOnlyRootFilesystem"], true,
-                    "{what}: readOnlyRootFilesystem"
-                );
-                assert_eq!(
-                    sc["capabilities"]["drop"],
-                    serde_json::json!(["ALL"]),
-                    "{what}: capabilities"
-                );
-                assert!(
-                    sc["privileged"] != true && sc["capabilities"]["add"].is_null(),
-                    "{what}"
-                );
-            }
-        }
+        check_restricted_containers(r);
     }
     let example = render(&kubectl, "k8s/overlays/example");
     let ns = example.one("Namespace").expect("the example's Namespace");
@@ -1051,13 +1034,75 @@ fn every_container_has_requests_limits_and_the_restricted_security_context() {
     );
 }
 
+/// Every container of every pod template has requests, limits and the restricted security
+/// context.
+fn check_restricted_containers(r: &Rendered) {
+    for (kind, template) in r.pod_templates() {
+        let pod = &template["spec"];
+        let pod_sc = &pod["securityContext"];
+        for c in containers(pod) {
+            let what = format!("{}: {kind} container {}", r.dir, c["name"]);
+            for (side, res) in [
+                ("requests", "cpu"),
+                ("requests", "memory"),
+                ("limits", "cpu"),
+                ("limits", "memory"),
+            ] {
+                assert!(
+                    c["resources"][side][res].is_string(),
+                    "{what}: no resources.{side}.{res}"
+                );
+            }
+            let sc = &c["securityContext"];
+            // A container's setting wins over the pod's.
+            let effective = |key: &str| {
+                if sc[key].is_null() {
+                    pod_sc[key].clone()
+                } else {
+                    sc[key].clone()
+                }
+            };
+            assert_eq!(effective("runAsNonRoot"), true, "{what}: runAsNonRoot");
+            assert!(
+                effective("runAsUser").as_i64().is_some_and(|u| u > 0),
+                "{what}: runAsUser"
+            );
+            assert!(
+                effective("runAsGroup").as_i64().is_some_and(|g| g > 0),
+                "{what}: runAsGroup"
+            );
+            assert_eq!(
+                effective("seccompProfile")["type"],
+                "RuntimeDefault",
+                "{what}: seccompProfile"
+            );
+            assert_eq!(
+                sc["allowPrivilegeEscalation"], false,
+                "{what}: allowPrivilegeEscalation"
+            );
+            assert_eq!(
+                sc["readOnlyRootFilesystem"], true,
+                "{what}: readOnlyRootFilesystem"
+            );
+            assert_eq!(
+                sc["capabilities"]["drop"],
+                serde_json::json!(["ALL"]),
+                "{what}: capabilities"
+            );
+            assert!(
+                sc["privileged"] != true && sc["capabilities"]["add"].is_null(),
+                "{what}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_secret_the_pods_read_is_in_the_example_and_holds_the_creds_file() {
     let Some([kubectl, validator]) = tools(["kubectl", "kubernetes-validate"]) else {
         return;
     };
     let all = rendered(&kubectl);
-    let secrets = example_secrets();
     let yaml = std::fs::read_to_string(repo().join(EXAMPLE_SECRETS)).unwrap();
     for version in KUBERNETES_VERSIONS {
         let problems = validation_problems(&validator, &yaml, version);
@@ -1068,50 +1113,57 @@ fn every_secret_the_pods_read_is_in_the_example_and_holds_the_creds_file() {
         );
     }
     for r in all {
-        assert!(
-            r.of_kind("Secret").next().is_none(),
-            "{}: renders a Secret (keep them out of git)",
-            r.dir
-        );
-        // Every Secret key read into the environment exists (container_env panics if not).
-        for (_, template) in r.pod_templates() {
-            for c in containers(&template["spec"]) {
-                container_env(c, "jobwarden-0");
-            }
-        }
-        // nats.credentials_file is a key of a Secret mounted into the sidecar.
-        let config = effective_config(r);
-        let creds = Path::new(
-            config["nats"]["credentials_file"]
-                .as_str()
-                .expect("nats.credentials_file"),
-        );
-        let pod = &r.one("StatefulSet").unwrap()["spec"]["template"]["spec"];
-        let (sc, _) = sidecar(pod).unwrap();
-        let mount = sc["volumeMounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| creds.parent() == Some(Path::new(m["mountPath"].as_str().unwrap())))
-            .unwrap_or_else(|| panic!("{}: nothing is mounted at {}", r.dir, creds.display()));
-        let volume = pod["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == mount["name"])
-            .unwrap();
-        let secret = volume["secret"]["secretName"]
-            .as_str()
-            .expect("a Secret volume");
-        let file = creds.file_name().unwrap().to_str().unwrap();
-        assert!(
-            secrets
-                .get(secret)
-                .is_some_and(|keys| keys.contains_key(file)),
-            "{}: Secret {secret} in {EXAMPLE_SECRETS} has no key {file}",
-            r.dir
-        );
+        check_pod_secrets(r);
     }
+}
+
+/// The pods' Secrets are references only: every key read into an environment is in the
+/// example Secrets, and nats.credentials_file is a key of a Secret mounted into the sidecar.
+fn check_pod_secrets(r: &Rendered) {
+    let secrets = example_secrets();
+    assert!(
+        r.of_kind("Secret").next().is_none(),
+        "{}: renders a Secret (keep them out of git)",
+        r.dir
+    );
+    // Every Secret key read into the environment exists (container_env panics if not).
+    for (_, template) in r.pod_templates() {
+        for c in containers(&template["spec"]) {
+            container_env(c, "jobwarden-0");
+        }
+    }
+    // nats.credentials_file is a key of a Secret mounted into the sidecar.
+    let config = effective_config(r);
+    let creds = Path::new(
+        config["nats"]["credentials_file"]
+            .as_str()
+            .expect("nats.credentials_file"),
+    );
+    let pod = &r.one("StatefulSet").unwrap()["spec"]["template"]["spec"];
+    let (sc, _) = sidecar(pod).unwrap();
+    let mount = sc["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| creds.parent() == Some(Path::new(m["mountPath"].as_str().unwrap())))
+        .unwrap_or_else(|| panic!("{}: nothing is mounted at {}", r.dir, creds.display()));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let secret = volume["secret"]["secretName"]
+        .as_str()
+        .expect("a Secret volume");
+    let file = creds.file_name().unwrap().to_str().unwrap();
+    assert!(
+        secrets
+            .get(secret)
+            .is_some_and(|keys| keys.contains_key(file)),
+        "{}: Secret {secret} in {EXAMPLE_SECRETS} has no key {file}",
+        r.dir
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1132,13 +1184,19 @@ fn nack_stream_and_consumers_match_what_the_worker_would_provision() {
     let Some([kubectl]) = tools(["kubectl"]) else {
         return;
     };
-    let r = render(&kubectl, "k8s/nack");
+    check_nack(render(&kubectl, "k8s/nack"));
+}
+
+/// The NACK Stream and Consumers of `r` are those the worker would provision with its
+/// effective configuration, which has nats.provision off.
+fn check_nack(r: &Rendered) {
     let config = effective_config(r);
     let nats = &config["nats"];
     assert_eq!(
         nats["provision"].as_bool(),
         Some(false),
-        "k8s/nack must turn nats.provision off"
+        "{}: NACK provisions, so nats.provision must be off",
+        r.dir
     );
     let stream_name = nats["stream"].as_str().unwrap();
     let prefix = nats["subject_prefix"].as_str().unwrap();
@@ -1217,7 +1275,8 @@ fn nack_stream_and_consumers_match_what_the_worker_would_provision() {
     let missing: Vec<&String> = expected.keys().filter(|k| !seen.contains(*k)).collect();
     assert!(
         missing.is_empty(),
-        "consumers missing from k8s/nack: {missing:?}"
+        "{}: consumers missing: {missing:?}",
+        r.dir
     );
 }
 
