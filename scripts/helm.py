@@ -107,19 +107,22 @@ def template(args):
             except yaml.YAMLError as e:
                 print(f"Error: YAML parse error on {path}: {e}", file=sys.stderr)
                 return 1
-            kind = head.get("kind", "") if isinstance(head, dict) else ""
-            annotations = (head.get("metadata") or {}).get("annotations") or {}
-            hook = "helm.sh/hook" in annotations
-            rank = INSTALL_ORDER.index(kind) if kind in INSTALL_ORDER else len(INSTALL_ORDER)
-            name = (head.get("metadata") or {}).get("name", "") if isinstance(head, dict) else ""
-            documents.append(((hook, rank, kind if rank == len(INSTALL_ORDER) else "", name), path, text))
+            if not isinstance(head, dict):
+                head = {}
+            kind = str(head.get("kind", ""))
+            hook = "helm.sh/hook" in ((head.get("metadata") or {}).get("annotations") or {})
+            # Hooks last; known kinds in install order, then the others by kind.
+            known = kind in INSTALL_ORDER
+            rank = INSTALL_ORDER.index(kind) if known else len(INSTALL_ORDER)
+            order = (hook, rank, "" if known else kind)
+            documents.append((order, path, text))
     if args.show_only:
         documents = [d for d in documents if any(d[1].endswith(s) for s in args.show_only)]
         if not documents:
             print(f"Error: could not find template {args.show_only} in chart", file=sys.stderr)
             return 1
     # Stable: documents of one kind keep the order of their files.
-    documents.sort(key=lambda d: d[0][:3])
+    documents.sort(key=lambda d: d[0])
     for _, path, text in documents:
         sys.stdout.write(f"---\n# Source: {path}\n{text}\n")
     return 0
