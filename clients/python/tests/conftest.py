@@ -4,6 +4,7 @@ dropped at the end), and ``jobwarden run`` worker processes with a TOML config."
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -47,6 +48,7 @@ def _nats_server_binary() -> str:
 
 
 def _stop(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    atexit.unregister(proc.kill)
     if proc.poll() is None:
         proc.send_signal(sig)
         try:
@@ -65,6 +67,7 @@ def nats_url() -> Iterator[str]:
          "--ports_file_dir", str(tmp), "-l", str(tmp / "nats.log")],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    atexit.register(proc.kill)  # no orphan if pytest dies first
     url: list[str] = []
 
     def up() -> bool:
@@ -149,6 +152,7 @@ command = ["/bin/sh", "-c", {json.dumps(script)}]
                 [str(JOBWARDEN_BIN), "--config", str(path), "run"],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             )
+        atexit.register(self.proc.kill)  # no orphan if pytest dies first
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

@@ -45,6 +45,7 @@ export async function startNats(): Promise<NatsServer> {
   const child = spawn(natsServerBinary(), ["-js", "-sd", dir, "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", dir, "-l", join(dir, "nats.log")], {
     stdio: "ignore",
   });
+  const forget = killOnExit(child);
   let url: string | undefined;
   const up = await waitFor(() => {
     const file = readdirSync(dir).find((f) => f.endsWith(".ports"));
@@ -64,9 +65,19 @@ export async function startNats(): Promise<NatsServer> {
     url,
     async stop() {
       await stopChild(child);
+      forget();
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/** Kills `child` if this test process exits first (a failed hook, a crash): no orphans. */
+function killOnExit(child: ChildProcess): () => void {
+  const kill = () => {
+    child.kill("SIGKILL");
+  };
+  process.once("exit", kill);
+  return () => process.removeListener("exit", kill);
 }
 
 /** Stops a child: `signal`, then SIGKILL if it is still there after 10 s. */
@@ -152,10 +163,12 @@ ${queues}`;
     env: { ...process.env, JOBWARDEN_WORKER__HOSTNAME: opts.hostname ?? `ts-client-${process.pid}`, RUST_LOG: "warn" },
     stdio: ["ignore", "ignore", openSync(logPath, "w")],
   });
+  const forget = killOnExit(child);
   return {
     log: () => (existsSync(logPath) ? readFileSync(logPath, "utf8") : ""),
     async stop() {
       await stopChild(child, "SIGTERM");
+      forget();
       rmSync(dir, { recursive: true, force: true });
     },
   };
