@@ -387,7 +387,10 @@ impl Broker {
         let opts = opts.map_err(|cause| BrokerError::Setting {
             cause: secrets.scrub(&cause).into_owned(),
         })?;
-        let client = opts.connect(cfg.url.as_str()).await.map_err(|e| {
+        let servers = cfg.servers().map_err(|cause| BrokerError::Setting {
+            cause: secrets.scrub(&cause).into_owned(),
+        })?;
+        let client = opts.connect(servers).await.map_err(|e| {
             let (url, cause) = (redacted.clone(), secrets.scrub(&e.to_string()).into_owned());
             if connect_refused(&e) {
                 BrokerError::Refused { url, cause }
@@ -454,6 +457,32 @@ impl Broker {
             "off".to_string()
         };
         format!("NATS authentication: {auth}; TLS: {tls}")
+    }
+
+    /// Which server of the seed list the client joined, and what it says of its cluster.
+    pub fn joined_line(&self) -> String {
+        let info = self.client.server_info();
+        let seeds = self
+            .cfg
+            .url
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .count();
+        let cluster = match &info.cluster {
+            Some(name) => format!(
+                "cluster {name}, advertising {} client URLs",
+                info.connect_urls.len()
+            ),
+            None => "no cluster".to_string(),
+        };
+        format!(
+            "NATS: joined server {} at {}:{} ({cluster}), from {seeds} seed{} ({})",
+            info.server_name,
+            info.host,
+            info.port,
+            if seeds == 1 { "" } else { "s" },
+            crate::redact::url(&self.cfg.url)
+        )
     }
 
     /// The server's version, e.g. "2.9.10".
@@ -531,6 +560,17 @@ impl Broker {
                         ),
                     });
                 }
+                if config.num_replicas.max(1) < self.cfg.replicas {
+                    warn!(
+                        stream = %name,
+                        "the stream keeps {} copies, nats.replicas asks for {}; jobwarden does \
+                         not change an existing stream's replicas: `nats stream edit {name} \
+                         --replicas {}` (or set nats.replicas to match)",
+                        config.num_replicas.max(1),
+                        self.cfg.replicas,
+                        self.cfg.replicas
+                    );
+                }
                 let mut changed = false;
                 if !config.subjects.contains(&subjects) {
                     config.subjects.push(subjects);
@@ -555,11 +595,12 @@ impl Broker {
                         retention: stream::RetentionPolicy::WorkQueue,
                         storage: stream::StorageType::File,
                         duplicate_window: self.cfg.duplicate_window,
+                        num_replicas: self.cfg.replicas,
                         ..Default::default()
                     })
                     .await
                     .map_err(|e| err(e.to_string()))?;
-                info!(stream = %name, "created stream");
+                info!(stream = %name, replicas = self.cfg.replicas, "created stream");
             }
         }
         Ok(())

@@ -119,7 +119,31 @@ pub fn url(text: &str) -> String {
 /// The parts of a URL or connection string that are secrets, by byte range.
 fn secret_ranges(text: &str) -> Vec<Range<usize>> {
     match scheme_end(text) {
-        Some(rest_at) => url_ranges(text, rest_at),
+        Some(rest_at) => {
+            // A list of servers (`nats://a:4222,nats://b:4222`): each URL on its own, so one
+            // server's `@` does not reach into the next.
+            let starts = list_starts(text);
+            if starts.len() == 1 {
+                return url_ranges(text, rest_at);
+            }
+            let ends = starts.iter().skip(1).map(|s| s - 1).chain([text.len()]);
+            starts
+                .iter()
+                .zip(ends)
+                .flat_map(|(&from, to)| {
+                    let item = &text[from..to];
+                    let lead = item.len() - item.trim_start().len();
+                    let item = &item[lead..];
+                    let shift = from + lead;
+                    match scheme_end(item) {
+                        Some(rest_at) => url_ranges(item, rest_at),
+                        None => std::iter::once(0..item.len()).collect(),
+                    }
+                    .into_iter()
+                    .map(move |r| r.start + shift..r.end + shift)
+                })
+                .collect()
+        }
         None => {
             let mut ranges = dsn_ranges(text);
             // No scheme, yet user information (`app:pw@db/x`): everything before the last
@@ -132,6 +156,19 @@ fn secret_ranges(text: &str) -> Vec<Range<usize>> {
             ranges
         }
     }
+}
+
+/// Where each URL of a comma-separated list starts: at 0, and after every comma that is
+/// followed (past spaces) by another `scheme://`. A comma anywhere else belongs to the URL
+/// it is in (libpq's `h1:5432,h2:5433`, an unencoded comma in a password).
+fn list_starts(text: &str) -> Vec<usize> {
+    let mut starts = vec![0];
+    for (i, _) in text.match_indices(',') {
+        if scheme_end(text[i + 1..].trim_start()).is_some() {
+            starts.push(i + 1);
+        }
+    }
+    starts
 }
 
 /// Where the part after `scheme://` starts, if `text` starts with a scheme

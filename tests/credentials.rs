@@ -300,3 +300,95 @@ async fn secrets_never_reach_logs_config_check_errors_or_handlers() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A NATS cluster named as NATS users name one, by a comma-separated seed list: the worker
+/// skips a seed that does not answer, joins one that does, says which, and shows no
+/// password of any seed. A seed that is not a server address is refused at the door by its
+/// place in the list.
+#[tokio::test]
+async fn a_seed_list_is_joined_through_any_live_server_and_never_shows_its_passwords() {
+    const SECRET: &str = "seed-Secret-4d1f0a";
+    let env = TestEnv::new(
+        "[queues.work]\nconcurrency = 2\nhandler = { kind = \"exec\", command = [\"true\"] }\n",
+    )
+    .await;
+    let dir = std::env::temp_dir().join(unique_name("seeds"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("jobwarden.toml");
+    std::fs::write(&file, env.config.to_redacted_toml()).unwrap();
+    let live = env
+        .nats
+        .url()
+        .replace("nats://", &format!("nats://w:{SECRET}@"));
+    let dead = common::testkit::free_port();
+    let seeds = format!("nats://w:{SECRET}@127.0.0.1:{dead}, {live}");
+    let vars = [
+        ("JOBWARDEN_NATS__URL", seeds.as_str()),
+        ("JOBWARDEN_WORKER__HOSTNAME", "seeds-test"),
+        ("RUST_LOG", "info"),
+    ];
+
+    let out = run_cli(
+        &["--config", file.to_str().unwrap(), "config", "check"],
+        &vars,
+    );
+    let check = text(&out);
+    assert!(out.status.success(), "{check}");
+    assert!(
+        check.contains(&format!("nats://w:****@127.0.0.1:{dead}")),
+        "{check}"
+    );
+
+    let log = dir.join("run.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"))
+        .args(["--config", file.to_str().unwrap(), "run"])
+        .envs(vars)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
+        .spawn()
+        .unwrap();
+    for i in 0..3 {
+        env.publish_raw(
+            "work",
+            json!({"id": format!("seed-{i}"), "payload": {}}).to_string(),
+        )
+        .await;
+    }
+    let done = env.wait_count("completed", 3, 30).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let run_log = std::fs::read_to_string(&log).unwrap()
+        + &std::fs::read_to_string(dir.join("run.err")).unwrap();
+    assert!(
+        done,
+        "3 jobs complete through the live seed; log:\n{run_log}"
+    );
+    let joined = format!(":{} (no cluster), from 2 seeds", env.nats.port());
+    assert!(
+        run_log.contains("NATS: joined server") && run_log.contains(&joined),
+        "the log names the server joined ({joined}):\n{run_log}"
+    );
+    assert!(!run_log.contains(SECRET), "{run_log}");
+
+    // A seed that is not an address: refused at the door, naming it and the fix.
+    let bad = format!("{live},nats://127.0.0.1:42x22");
+    let out = run_cli(
+        &["--config", file.to_str().unwrap(), "config", "check"],
+        &[("JOBWARDEN_NATS__URL", bad.as_str())],
+    );
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(
+            "nats.url: server 2 of 2 (\"nats://127.0.0.1:42x22\") is not a server address"
+        ) && said.contains("write it as nats://host:port"),
+        "{said}"
+    );
+    assert!(!said.contains(SECRET), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -129,6 +129,10 @@ pub struct DatabaseConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
+    /// The server, or the servers of a cluster: one URL, several separated by commas
+    /// (`nats://n1:4222,nats://n2:4222`), or a TOML list of them (kept here joined by
+    /// commas). The client joins one and learns the rest of the cluster from it.
+    #[serde(deserialize_with = "values::one_or_list")]
     pub url: String,
     /// Authentication: one of a credentials file (JWT + nkey), an nkey seed file, a token,
     /// or a user and password.
@@ -155,6 +159,8 @@ pub struct NatsConfig {
     #[serde(with = "humantime_serde")]
     pub duplicate_window: Duration,
     pub max_ack_pending: i64,
+    /// Copies JetStream keeps of the stream when this worker creates it (a cluster: 3).
+    pub replicas: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -348,6 +354,58 @@ impl Default for DatabaseConfig {
     }
 }
 
+impl NatsConfig {
+    /// The servers of `url`, each checked: a NATS URL (`nats://` or `tls://`) with a host and
+    /// a port the client can parse. The error names the server, by its place in the list
+    /// when there are several, and says how to write one.
+    pub fn servers(&self) -> Result<Vec<async_nats::ServerAddr>, String> {
+        let given: Vec<&str> = self
+            .url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if given.is_empty() {
+            return Err(format!(
+                "nats.url is empty; give the server's URL (e.g. \"{DEFAULT_NATS_URL}\"), or a \
+                 cluster's servers separated by commas or as a list: \
+                 [\"nats://n1:4222\", \"nats://n2:4222\"]"
+            ));
+        }
+        let many = given.len() > 1;
+        given
+            .iter()
+            .enumerate()
+            .map(|(i, server)| {
+                let which = if many {
+                    format!(
+                        "nats.url: server {} of {} ({:?})",
+                        i + 1,
+                        given.len(),
+                        crate::redact::url(server)
+                    )
+                } else {
+                    format!("nats.url {:?}", crate::redact::url(server))
+                };
+                if !server.starts_with("nats://") && !server.starts_with("tls://") {
+                    return Err(format!(
+                        "{which} must start with nats:// or tls://, e.g. nats://nats:4222{}",
+                        if many {
+                            "; separate servers with commas"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                // The parser's words quote no part of the URL (the caller scrubs them anyway).
+                server.parse::<async_nats::ServerAddr>().map_err(|e| {
+                    format!("{which} is not a server address ({e}); write it as nats://host:port")
+                })
+            })
+            .collect()
+    }
+}
+
 impl Default for NatsConfig {
     fn default() -> Self {
         NatsConfig {
@@ -367,6 +425,7 @@ impl Default for NatsConfig {
             ack_wait: DEFAULT_ACK_WAIT,
             duplicate_window: DEFAULT_DUPLICATE_WINDOW,
             max_ack_pending: DEFAULT_MAX_ACK_PENDING,
+            replicas: 1,
         }
     }
 }
@@ -807,10 +866,14 @@ impl Config {
     /// `[nats]`.
     fn check_nats(&self, errs: &mut Vec<String>) {
         let n = &self.nats;
-        if !n.url.starts_with("nats://") && !n.url.starts_with("tls://") {
+        if let Err(e) = n.servers() {
+            errs.push(e);
+        }
+        if !(1..=5).contains(&n.replicas) {
             errs.push(format!(
-                "nats.url {:?} must start with nats:// or tls://",
-                crate::redact::url(&n.url)
+                "nats.replicas ({}) must be 1 to 5: JetStream keeps at most 5 copies of a \
+                 stream; 3 on a three-server cluster",
+                n.replicas
             ));
         }
         let auths: Vec<&str> = [
@@ -1708,6 +1771,44 @@ mod tests {
     }
 
     #[test]
+    fn a_nats_cluster_is_named_by_a_comma_separated_string_or_a_list() {
+        let seeds = ["nats://n1:4222", "nats://n2:4222", "nats://n3:4222"];
+        for form in [
+            format!("url = \"{}\"", seeds.join(",")),
+            format!("url = [\"{}\"]", seeds.join("\", \"")),
+        ] {
+            let c = Config::from_toml(&format!("{OK}\n[nats]\n{form}\n")).unwrap();
+            let servers: Vec<String> = c
+                .nats
+                .servers()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_url_str().to_string())
+                .collect();
+            assert_eq!(servers, seeds, "{form}");
+            // `config show` writes it back in a form that reads the same.
+            let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+            assert_eq!(again.nats.url, c.nats.url, "{form}");
+        }
+        let err = Config::from_toml(&format!("{OK}\n[nats]\nurl = 4222\n")).unwrap_err();
+        assert!(
+            err.to_string().contains("nats.url: not a valid value"),
+            "{err}"
+        );
+        // Each server's password hidden, each server shown.
+        let c = Config::from_toml(&format!(
+            "{OK}\n[nats]\nurl = [\"nats://w:Hunter22@n1:4222\", \"nats://w:Hunter22@n2:4222\"]\n"
+        ))
+        .unwrap();
+        let shown = c.to_redacted_toml();
+        assert!(!shown.contains("Hunter22"), "{shown}");
+        assert!(
+            shown.contains("nats://w:****@n1:4222,nats://w:****@n2:4222"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     // Long on purpose: one case per rule, each at its edge.
     #[allow(clippy::too_many_lines)]
     fn each_worker_and_connection_rule_holds_at_its_edge() {
@@ -1803,6 +1904,21 @@ mod tests {
             |c| c.nats.url = "http://nats:4222".into(),
             "must start with nats:// or tls://",
         );
+        // A cluster's servers, as NATS users write them.
+        accepted(|c| c.nats.url = "nats://n1:4222,nats://n2:4222,nats://n3:4222".into());
+        accepted(|c| c.nats.url = "nats://u:pw@n1:4222, tls://n2:4222 ,".into());
+        refused(
+            |c| c.nats.url = "nats://n1:4222,nats://n2:42x22,nats://n3:4222".into(),
+            "nats.url: server 2 of 3 (\"nats://n2:42x22\") is not a server address",
+        );
+        refused(
+            |c| c.nats.url = "nats://n1:4222,n2:4222".into(),
+            "nats.url: server 2 of 2 (\"(not shown: neither a URL nor a connection string)\") must start with nats:// or tls://",
+        );
+        refused(|c| c.nats.url = " , ".into(), "nats.url is empty");
+        accepted(|c| c.nats.replicas = 5);
+        refused(|c| c.nats.replicas = 0, "nats.replicas (0) must be 1 to 5");
+        refused(|c| c.nats.replicas = 6, "nats.replicas (6) must be 1 to 5");
         accepted(|c| c.nats.token = Some("t".into()));
         accepted(|c| {
             c.nats.user = Some("u".into());

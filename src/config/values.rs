@@ -292,6 +292,25 @@ impl KeyFrom {
     }
 }
 
+/// A setting given as one string or as a list of strings (a NATS cluster's servers): kept
+/// as one string, the list's items joined by commas, as the comma-separated form reads.
+pub(super) fn one_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrList {
+        One(String),
+        List(Vec<String>),
+    }
+    match OneOrList::deserialize(d) {
+        Ok(OneOrList::One(s)) => Ok(s),
+        Ok(OneOrList::List(items)) => Ok(items.join(",")),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected a URL string (\"nats://n1:4222\", or several separated by commas) or a \
+             list of them ([\"nats://n1:4222\", \"nats://n2:4222\"])",
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,15 @@ fn urls_show_everything_but_their_secrets() {
         // Without a scheme, still user information.
         ("app:pw@db:5432/x", "****@db:5432/x"),
         ("nats:/tok@n:4222", "****@n:4222"),
+        // A NATS seed list: each server's credentials hidden, every host shown.
+        (
+            "nats://a:pw1@n1:4222,nats://n2:4222, tls://tok@n3:4222",
+            "nats://a:****@n1:4222,nats://n2:4222, tls://****@n3:4222",
+        ),
+        (
+            "nats://n1:4222,nats://b:p@ss@n2:4222",
+            "nats://n1:4222,nats://b:****@n2:4222",
+        ),
     ] {
         assert_eq!(url(given), shown, "{given}");
     }
@@ -276,6 +285,32 @@ proptest! {
         let mut expected = entries.clone();
         expected[at.min(others.len())] = format!("{key}=****");
         prop_assert_eq!(shown, expected.join(" "));
+    }
+
+    #[test]
+    fn a_seed_lists_passwords_never_show(
+        servers in prop::collection::vec(
+            (prop::sample::select(vec!["nats", "tls"]), prop::option::of(("[a-z]{1,8}", password())), location()),
+            1..4,
+        ),
+        sep in prop::sample::select(vec![",", ", "]),
+    ) {
+        let entry = |(scheme, cred, at): &(&str, Option<(String, String)>, String), pw: &str| match cred {
+            Some((user, _)) => format!("{scheme}://{user}:{pw}@{at}"),
+            None => format!("{scheme}://{at}"),
+        };
+        let given: Vec<String> = servers
+            .iter()
+            .map(|s| entry(s, s.1.as_ref().map_or("", |c| c.1.as_str())))
+            .collect();
+        let given = given.join(sep);
+        let shown = url(&given);
+        prop_assert!(!shown.chars().any(|c| c.is_ascii_uppercase()), "{given} -> {shown}");
+        // Without a `?` in a password, each server is shown but its password.
+        if servers.iter().all(|s| s.1.as_ref().is_none_or(|c| !c.1.contains('?'))) {
+            let expected: Vec<String> = servers.iter().map(|s| entry(s, "****")).collect();
+            prop_assert_eq!(shown, expected.join(sep));
+        }
     }
 
     #[test]

@@ -651,6 +651,7 @@ impl Servers {
         let depth_store = retry_connect("PostgreSQL", cancel, || Store::connect(&depth_db)).await?;
         info!(target = %store.target(), "PostgreSQL connected ({})", store.tls_line());
         let broker = retry_connect("NATS", cancel, || Broker::connect(&config.nats)).await?;
+        info!("{}", broker.joined_line());
         info!("{}", broker.features_line());
         info!("{}", broker.security_line());
         Ok(Servers {
