@@ -18,7 +18,16 @@
 //! progress every 5 ms (the client's send buffer fills); the stream deleted and recreated;
 //! PostgreSQL restarted with `-m immediate`; PostgreSQL stalled (SIGSTOP) for 3 s.
 //!
-//! The suite runs a reduced version (`CHAOS_SECONDS`, default 40 s of faults). The long run:
+//! The same run on the servers a production deployment has ([`chaos_on_clusters`]): a
+//! three-server JetStream cluster with the stream in three copies, named to every worker and
+//! producer by its seed list, and a PostgreSQL primary with a synchronous standby, named by a
+//! libpq multi-host URL with `target_session_attrs=read-write`. Its faults: the pod faults
+//! above; SIGKILL of the server leading the stream (restarted a few seconds later); a
+//! restart of another server; the stream deleted and recreated; PostgreSQL stalled; and
+//! once, a failover: the primary killed (`-m immediate`) and the standby promoted.
+//!
+//! The suite runs a reduced version (`CHAOS_SECONDS`, default 40 s of faults; 30 s on the
+//! clusters). The long run:
 //! `CHAOS_SECONDS=600 cargo test --release --test chaos -- --nocapture`.
 
 mod common;
@@ -48,9 +57,13 @@ enum Fault {
     StreamRecreated,
     PgRestart,
     PgStall,
+    /// Clusters only: SIGKILL the server leading the stream, restart it 3 s later.
+    NatsLeaderKill,
+    /// Clusters only: the primary killed, the standby promoted (once).
+    PgFailover,
 }
 
-const FAULTS: [Fault; 9] = [
+const SINGLE_SERVER_FAULTS: [Fault; 9] = [
     Fault::Kill,
     Fault::Stop,
     Fault::Term,
@@ -61,6 +74,31 @@ const FAULTS: [Fault; 9] = [
     Fault::PgRestart,
     Fault::PgStall,
 ];
+
+const CLUSTER_FAULTS: [Fault; 9] = [
+    Fault::Kill,
+    Fault::Stop,
+    Fault::Term,
+    Fault::Rolling,
+    Fault::NatsLeaderKill,
+    Fault::NatsRestart,
+    Fault::StreamRecreated,
+    Fault::PgFailover,
+    Fault::PgStall,
+];
+
+/// The servers under the run: one of each, or clusters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Servers {
+    Single,
+    Clusters,
+}
+
+/// PostgreSQL: the server taking writes and, on clusters until the failover, its standby.
+struct Pg {
+    primary: common::testkit::PgCluster,
+    standby: Option<common::testkit::PgCluster>,
+}
 
 /// A signal that may have ended a run: (when, pid).
 type Hit = (Instant, u32);
@@ -83,25 +121,62 @@ fn pod_config(base: &Config, i: usize) -> Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos() {
+    chaos_run(Servers::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_clusters() {
+    chaos_run(Servers::Clusters).await;
+}
+
+async fn chaos_run(servers: Servers) {
     let fault_secs: u64 = std::env::var("CHAOS_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(if servers == Servers::Single { 40 } else { 30 });
     let app = RecordingApp::start().await;
-    let pg = common::testkit::PgCluster::start().unwrap();
+    let mut pg = Pg {
+        primary: common::testkit::PgCluster::start().unwrap(),
+        standby: None,
+    };
+    let database_url = match servers {
+        Servers::Single => pg.primary.url(),
+        Servers::Clusters => {
+            let standby = pg.primary.start_standby().unwrap();
+            pg.primary.make_standby_synchronous().unwrap();
+            let url = format!(
+                "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+                pg.primary.port(),
+                standby.port()
+            );
+            pg.standby = Some(standby);
+            url
+        }
+    };
     let handler = format!("handler = {{ kind = \"http\", url = \"{}\" }}\n", app.url);
-    let mut env = TestEnv::with_database(
-        &pg.url(),
-        &format!(
-            "reap_every = \"500ms\"\nsweep_every = \"1s\"\nbroker_lost_after = \"3s\"\n\
+    let toml = format!(
+        "reap_every = \"500ms\"\nsweep_every = \"1s\"\nbroker_lost_after = \"3s\"\n\
              adopt_after = \"1s\"\nshutdown_grace = \"2s\"\n\
              [queues.work]\nconcurrency = 8\nmax_attempts = 25\ntimeout = \"15s\"\n\
              backoff = {{ kind = \"fixed\", base = \"100ms\" }}\n{handler}\
              [queues.slow]\nconcurrency = 4\nmax_attempts = 25\ntimeout = \"30s\"\n\
              stale_after = \"40s\"\nbackoff = {{ kind = \"fixed\", base = \"100ms\" }}\n{handler}"
-        ),
-    )
-    .await;
+    );
+    let mut env = match servers {
+        Servers::Single => TestEnv::with_database(&database_url, &toml).await,
+        Servers::Clusters => TestEnv::on_nats_cluster(&database_url, &toml).await,
+    };
+    if servers == Servers::Clusters {
+        assert_eq!(
+            stream_copies(&env).await,
+            3,
+            "the stream is kept in three copies"
+        );
+    }
+    let faults_of_run: &[Fault] = match servers {
+        Servers::Single => &SINGLE_SERVER_FAULTS,
+        Servers::Clusters => &CLUSTER_FAULTS,
+    };
     completions::record_completions(&env).await;
     let configs: Vec<Config> = (0..PODS).map(|i| pod_config(&env.config, i)).collect();
     let spawn = |i: usize| ChildWorker::spawn(&configs[i], &format!("w{i}"));
@@ -161,7 +236,8 @@ async fn chaos() {
     let mut next_fault = started + Duration::from_secs(2);
     // Pending ends of faults that last: (when, what).
     let mut stopped: Option<(usize, Instant)> = None;
-    let mut nats_back_at: Option<Instant> = None;
+    // NATS servers down, and when they come back: (when, their places in env.nats_servers()).
+    let mut nats_back_at: Option<(Instant, Vec<usize>)> = None;
     let mut rolling: Option<usize> = None;
 
     while started.elapsed() < Duration::from_secs(fault_secs) {
@@ -172,9 +248,12 @@ async fn chaos() {
                 stopped = None;
             }
         }
-        if nats_back_at.is_some_and(|t| Instant::now() >= t) {
-            env.nats.restart().unwrap();
-            nats_back_at = None;
+        if nats_back_at
+            .as_ref()
+            .is_some_and(|(t, _)| Instant::now() >= *t)
+        {
+            let (_, down) = nats_back_at.take().unwrap();
+            restart_nats(&mut env, &down);
         }
         if let Some(i) = rolling {
             // One pod at a time: SIGTERM, wait for a clean exit, start it again.
@@ -198,7 +277,7 @@ async fn chaos() {
         }
         next_fault = Instant::now() + Duration::from_millis(rand::rng().random_range(2000..4000));
         if order.is_empty() {
-            order = FAULTS.to_vec();
+            order = faults_of_run.to_vec();
             order.shuffle(&mut rand::rng());
         }
         let fault = order.pop().unwrap();
@@ -233,13 +312,35 @@ async fn chaos() {
                 "rolling restart of every pod"
             }
             Fault::NatsRestart => {
-                env.nats.restart().unwrap();
+                // On a cluster, a server other than the stream's leader.
+                let leader = stream_leader(&mut env).await;
+                let n = env.nats_servers().count();
+                let k = (0..n)
+                    .find(|k| Some(*k) != leader && rand::rng().random_bool(0.5))
+                    .unwrap_or((leader.unwrap_or(0) + 1) % n);
+                restart_nats(&mut env, &[k]);
                 "nats-server restart"
             }
             Fault::NatsOutage => {
                 env.nats.kill();
-                nats_back_at = Some(Instant::now() + Duration::from_secs(6));
+                nats_back_at = Some((Instant::now() + Duration::from_secs(6), vec![0]));
                 "NATS outage 6s"
+            }
+            Fault::NatsLeaderKill => {
+                let Some(k) = stream_leader(&mut env).await else {
+                    continue; // no leader right now (an election): another time
+                };
+                env.nats_servers().nth(k).unwrap().kill();
+                nats_back_at = Some((Instant::now() + Duration::from_secs(3), vec![k]));
+                "SIGKILL of the stream's leader, back after 3s"
+            }
+            Fault::PgFailover if pg.standby.is_some() => {
+                pg.primary.stop_immediate().unwrap();
+                let promoted = pg.standby.take().unwrap();
+                promoted.promote().unwrap();
+                // The old primary stays down (its data behind the new timeline).
+                let _old = std::mem::replace(&mut pg.primary, promoted);
+                "PostgreSQL failover (primary killed, standby promoted)"
             }
             Fault::StreamRecreated => {
                 let _ = env.broker.js.delete_stream("JOBS").await;
@@ -254,13 +355,13 @@ async fn chaos() {
                 "stream deleted and recreated"
             }
             Fault::PgRestart => {
-                pg.restart_immediate().unwrap();
+                pg.primary.restart_immediate().unwrap();
                 "PostgreSQL restart (immediate)"
             }
             Fault::PgStall => {
-                pg.pause().unwrap();
+                pg.primary.pause().unwrap();
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                pg.resume().unwrap();
+                pg.primary.resume().unwrap();
                 "PostgreSQL stalled 3s"
             }
             _ => continue,
@@ -271,8 +372,8 @@ async fn chaos() {
     if let Some((i, _)) = stopped {
         pods[i].as_ref().unwrap().signal(Signal::SIGCONT);
     }
-    if nats_back_at.is_some() {
-        env.nats.restart().unwrap();
+    if let Some((_, down)) = nats_back_at.take() {
+        restart_nats(&mut env, &down);
     }
     stop_submitting.store(true, std::sync::atomic::Ordering::SeqCst);
     submitter.await.unwrap();
@@ -407,7 +508,7 @@ async fn chaos() {
             gaps[((gaps.len() - 1) as f64 * p).round() as usize]
         }
     };
-    println!("== chaos report ({fault_secs}s of faults, {PODS} pods) ==");
+    println!("== chaos report ({fault_secs}s of faults, {PODS} pods, {servers:?}) ==");
     println!("faults injected:       {faults:?}");
     println!("submitted:             {}", submitted.len());
     println!("completed:             {completed}");
@@ -524,7 +625,44 @@ async fn chaos() {
         "too few jobs submitted: {}",
         submitted.len()
     );
+    if servers == Servers::Clusters {
+        assert_eq!(
+            stream_copies(&env).await,
+            3,
+            "the stream is still kept in three copies (recreated with nats.replicas)"
+        );
+    }
     drop(pods);
+}
+
+/// How many copies the cluster keeps of the stream: its replicas, as its leader reports them.
+async fn stream_copies(env: &TestEnv) -> usize {
+    let mut stream = env.broker.js.get_stream("JOBS").await.unwrap();
+    let info = stream.info().await.unwrap();
+    let cluster = info.cluster.as_ref().expect("a clustered stream");
+    assert!(cluster.leader.is_some(), "the stream has a leader");
+    info.config.num_replicas
+}
+
+/// Starts again the NATS servers at `places` in [`TestEnv::nats_servers`].
+fn restart_nats(env: &mut TestEnv, places: &[usize]) {
+    for (k, server) in env.nats_servers().enumerate() {
+        if places.contains(&k) {
+            server.restart().unwrap();
+        }
+    }
+}
+
+/// The place in [`TestEnv::nats_servers`] of the server leading the stream (always 0 on a
+/// single server), or `None` while there is no leader.
+async fn stream_leader(env: &mut TestEnv) -> Option<usize> {
+    if env.nats_peers.is_empty() {
+        return Some(0);
+    }
+    let mut stream = env.broker.js.get_stream("JOBS").await.ok()?;
+    let leader = stream.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
+    env.nats_servers()
+        .position(|s| s.name() == Some(leader.as_str()))
 }
 
 /// Pairs of runs of one job by different owners that overlapped in time, except where the

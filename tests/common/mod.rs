@@ -38,7 +38,10 @@ pub fn init_logs() {
 }
 
 pub struct TestEnv {
+    /// The nats-server; in a cluster ([`TestEnv::on_nats_cluster`]), its first server.
     pub nats: NatsServer,
+    /// The cluster's other servers (none for a single server).
+    pub nats_peers: Vec<NatsServer>,
     pub config: Config,
     pub store: Store,
     pub broker: Broker,
@@ -71,6 +74,23 @@ impl TestEnv {
     ) -> TestEnv {
         init_logs();
         let nats = NatsServer::start_with_conf(nats_conf).expect("start nats-server");
+        TestEnv::assemble(vec![nats], database_url, nats_toml, extra_toml).await
+    }
+
+    /// Like [`TestEnv::with_database`] on a JetStream cluster of three servers, named to
+    /// every client by their seed list, with the stream kept in three copies.
+    pub async fn on_nats_cluster(database_url: &str, extra_toml: &str) -> TestEnv {
+        init_logs();
+        let nodes = NatsServer::start_cluster(3).expect("start a nats-server cluster");
+        TestEnv::assemble(nodes, database_url, "replicas = 3", extra_toml).await
+    }
+
+    async fn assemble(
+        mut nodes: Vec<NatsServer>,
+        database_url: &str,
+        nats_toml: &str,
+        extra_toml: &str,
+    ) -> TestEnv {
         let schema = unique_name("t");
         let text = format!(
             "[database]\nurl = \"{}\"\nschema = \"{schema}\"\n\
@@ -78,24 +98,46 @@ impl TestEnv {
              [worker]\napi_listen = \"127.0.0.1:0\"\nops_listen = \"127.0.0.1:0\"\nhostname = \"test\"\nscheduler_every = \"50ms\"\n\
              {extra_toml}",
             database_url,
-            nats.url()
+            NatsServer::seed_list(&nodes)
         );
         let config = Config::from_toml(&text).expect("test config");
         let store = Store::connect(&config.database).await.expect("connect db");
         store.migrate().await.expect("migrate");
-        let broker = Broker::connect(&config.nats).await.expect("connect nats");
-        broker.provision_stream().await.expect("stream");
-        for q in config.queues.keys() {
-            for lane in Lane::all(q) {
-                broker.provision_consumer(&lane).await.expect("consumer");
+        // A cluster's JetStream answers once its servers have elected a meta leader.
+        let patience = Instant::now() + Duration::from_secs(if nodes.len() > 1 { 30 } else { 0 });
+        let broker = loop {
+            let ready = async {
+                let broker = Broker::connect(&config.nats).await?;
+                broker.provision_stream().await?;
+                for q in config.queues.keys() {
+                    for lane in Lane::all(q) {
+                        broker.provision_consumer(&lane).await?;
+                    }
+                }
+                Ok::<_, jobwarden::broker::BrokerError>(broker)
+            };
+            match ready.await {
+                Ok(broker) => break broker,
+                Err(e) if Instant::now() < patience => {
+                    tracing::debug!("JetStream not ready yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => panic!("NATS at {}: {e}", config.nats.url),
             }
-        }
+        };
+        let nats = nodes.remove(0);
         TestEnv {
             nats,
+            nats_peers: nodes,
             config,
             store,
             broker,
         }
+    }
+
+    /// Every nats-server of this environment (one, or a cluster's).
+    pub fn nats_servers(&mut self) -> impl Iterator<Item = &mut NatsServer> {
+        std::iter::once(&mut self.nats).chain(self.nats_peers.iter_mut())
     }
 
     /// The Rust client on this environment's servers.

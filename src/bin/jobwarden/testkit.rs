@@ -113,6 +113,8 @@ pub struct NatsServer {
     binary: PathBuf,
     /// A configuration file (`-c`) with extra settings, when given.
     conf: Option<PathBuf>,
+    /// Its `server_name`, when it is one of a cluster's servers.
+    name: Option<String>,
 }
 
 impl NatsServer {
@@ -141,6 +143,7 @@ impl NatsServer {
             dir,
             binary,
             conf,
+            name: None,
         };
         // On failure `server` is dropped here, which removes the temp dir.
         server.spawn_and_wait()?;
@@ -150,6 +153,46 @@ impl NatsServer {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts a JetStream cluster of `n` servers, each routed to the others (its
+    /// `server_name` is `<cluster>-n<i>`). They answer at once; JetStream answers once they
+    /// have elected a meta leader, a few seconds later.
+    pub fn start_cluster(n: usize) -> Result<Vec<NatsServer>> {
+        let cluster = unique_name("jw");
+        let route_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let mut nodes = Vec::with_capacity(n);
+        for (i, port) in route_ports.iter().enumerate() {
+            let name = format!("{cluster}-n{i}");
+            let routes: Vec<String> = route_ports
+                .iter()
+                .filter(|p| *p != port)
+                .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
+                .collect();
+            let conf = format!(
+                "server_name: \"{name}\"\ncluster {{\n  name: \"{cluster}\"\n  listen: \
+                 \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
+                routes.join(", ")
+            );
+            let mut node = NatsServer::start_with_conf(&conf)?;
+            node.name = Some(name);
+            nodes.push(node);
+        }
+        Ok(nodes)
+    }
+
+    /// The seed list of a cluster's servers, as a client is given it.
+    pub fn seed_list(nodes: &[NatsServer]) -> String {
+        nodes
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Its `server_name` in a cluster (see [`NatsServer::start_cluster`]).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// The directory holding the server's store and log (removed on drop).
@@ -404,6 +447,61 @@ impl PgCluster {
         let log = log.to_string_lossy();
         let pg_ctl = self.pg_ctl(&["-l", &log, "-o", &opts, "-w", "-t", "30", "start"]);
         self.run(pg_ctl, "pg_ctl start")
+    }
+
+    /// Starts a standby of this cluster (`pg_basebackup -R`: streaming from it, read-only)
+    /// on a port of its own. With [`PgCluster::make_standby_synchronous`] every commit the
+    /// primary acknowledges is on the standby too; [`PgCluster::promote`] makes it a primary.
+    pub fn start_standby(&self) -> Result<PgCluster> {
+        let standby = PgCluster {
+            port: free_port(),
+            dir: make_temp_dir(Path::new("/tmp"), "pg")?,
+            bin_dir: self.bin_dir.clone(),
+            fsync_off: self.fsync_off,
+            as_root: self.as_root,
+        };
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&standby.dir, std::fs::Permissions::from_mode(0o755))?;
+        if self.as_root {
+            let user = nix::unistd::User::from_name("postgres")?
+                .ok_or_else(|| anyhow!("no `postgres` user"))?;
+            std::os::unix::fs::chown(
+                &standby.dir,
+                Some(user.uid.as_raw()),
+                Some(user.gid.as_raw()),
+            )?;
+        }
+        let mut backup = standby.command("pg_basebackup");
+        backup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-D",
+            ])
+            .arg(standby.data_dir())
+            .args(["-R", "-X", "stream", "-c", "fast"]);
+        standby.run(backup, "pg_basebackup")?;
+        standby.start_again()?;
+        Ok(standby)
+    }
+
+    /// Makes every commit on this primary wait until a standby has it on disk
+    /// (`synchronous_standby_names = '*'`), and restarts the server.
+    pub fn make_standby_synchronous(&self) -> Result<()> {
+        self.reconfigure(&[], "synchronous_standby_names = '*'", None)
+            .map(drop)
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`, waiting until it takes writes).
+    pub fn promote(&self) -> Result<()> {
+        self.run(
+            self.pg_ctl(&["promote", "-w", "-t", "30"]),
+            "pg_ctl promote",
+        )
     }
 
     /// `stop_immediate` followed by `start_again`.
