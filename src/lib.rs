@@ -32,6 +32,7 @@ mod module_graph;
 pub mod pg_url;
 pub mod redact;
 pub mod store;
+pub mod telemetry;
 pub mod view;
 pub mod worker;
 

@@ -328,6 +328,7 @@ async fn a_group_of_completions_is_settled_as_the_general_settle_would_and_stays
         result,
         outcome: "completed",
         refund: false,
+        trace: None,
     };
     let store = &env.store;
     // Plain completions only: the completions' statement. "fenced" carries a stale lease.
@@ -1025,10 +1026,10 @@ async fn the_workers_own_statements_read_jobs_through_their_indexes_with_generic
         ),
         (
             "job_settle",
-            "('w', '{j1}', '{1}', '{completed}', '{0}', '{NULL}', '{NULL}', '{completed}', '{0}', '{0}')",
+            "('w', '{j1}', '{1}', '{completed}', '{0}', '{NULL}', '{NULL}', '{completed}', '{0}', '{0}', '{NULL}')",
             "jobs_pkey",
         ),
-        ("job_settle_completed", "('w', '{j1}', '{1}', '{NULL}')", "jobs_pkey"),
+        ("job_settle_completed", "('w', '{j1}', '{1}', '{NULL}', '{NULL}')", "jobs_pkey"),
         ("job_progress", "('j1', 'w', 1, NULL, NULL, NULL, 300000)", "jobs_pkey"),
         ("job_reclaim_stale", "(500, 300000)", "jobs_processing_stale"),
         ("job_reclaim_dead_owners", "(500)", "jobs_processing_stale"),

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 mod load;
 mod retention;
+pub mod telemetry;
 mod values;
 pub use retention::{Policy, QueueKeep, RetentionConfig, FINISHED};
 pub use values::{KeepFor, KeyFrom, Listen, ListenAddr, RateLimit};
@@ -81,6 +82,8 @@ pub struct Config {
     pub dashboard: DashboardConfig,
     /// How long finished jobs and rows are kept (pruned by one worker at a time).
     pub retention: RetentionConfig,
+    /// OpenTelemetry over OTLP (off unless an endpoint is set, here or by `OTEL_*`).
+    pub telemetry: telemetry::TelemetryConfig,
 }
 
 /// The web dashboard a worker can serve. Off unless `listen` is set.
@@ -552,9 +555,13 @@ pub struct ConfigErrors(pub Vec<String>);
 
 /// Top-level sections an environment variable may set (others, like
 /// `JOBWARDEN_TEST_DATABASE_URL` or `JOBWARDEN_CONFIG`, are not configuration).
-const ENV_SECTIONS: [&str; 8] = [
+/// Reads one environment variable (the process's, or a test's).
+type EnvVar<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+const ENV_SECTIONS: [&str; 9] = [
     "database",
     "retention",
+    "telemetry",
     "nats",
     "worker",
     "handler",
@@ -606,7 +613,9 @@ impl Config {
         for (key, value) in verbatim {
             fig = fig.merge(Serialized::default(&key, value));
         }
-        let loaded = Config::from_figment(fig, require_queues);
+        // The standard OpenTelemetry variables fill what the file left unset.
+        let otel_env = |k: &str| std::env::var(k).ok();
+        let loaded = Config::from_figment_with(fig, require_queues, Some(&otel_env));
         // The process hides these from its log lines and its last words (see redact.rs).
         if let Ok(c) = &loaded {
             crate::redact::remember(&c.secrets());
@@ -623,7 +632,15 @@ impl Config {
     }
 
     fn from_figment(fig: Figment, require_queues: bool) -> Result<Config, ConfigErrors> {
-        let config: Config = load::extract_all(&fig).map_err(|errs| {
+        Config::from_figment_with(fig, require_queues, None)
+    }
+
+    fn from_figment_with(
+        fig: Figment,
+        require_queues: bool,
+        otel_env: Option<EnvVar<'_>>,
+    ) -> Result<Config, ConfigErrors> {
+        let mut config: Config = load::extract_all(&fig).map_err(|errs| {
             // Whatever was given for a secret, even of the wrong type, stays out of the
             // messages (and of the log, should they be logged).
             let secrets = load::raw_secrets(&fig);
@@ -634,6 +651,9 @@ impl Config {
                     .collect(),
             )
         })?;
+        if let Some(var) = otel_env {
+            config.telemetry.fill_from_env(var);
+        }
         // A rule's message may quote a value (a URL, a connection string): never a secret.
         config
             .validate_with(require_queues)
@@ -868,6 +888,9 @@ impl Config {
         let n = &self.nats;
         if let Err(e) = n.servers() {
             errs.push(e);
+        }
+        if let Err(e) = self.telemetry.resolve() {
+            errs.extend(e);
         }
         if !(1..=5).contains(&n.replicas) {
             errs.push(format!(
@@ -1156,6 +1179,13 @@ impl Config {
     pub fn secrets(&self) -> crate::redact::Secrets {
         let mut s = crate::redact::Secrets::new();
         s.add_url(&self.database.url).add_url(&self.nats.url);
+        let t = &self.telemetry;
+        for url in [&t.otlp_endpoint, &t.traces_endpoint, &t.metrics_endpoint]
+            .into_iter()
+            .flatten()
+        {
+            s.add_url(url);
+        }
         let n = &self.nats;
         for value in [&n.password, &n.token, &self.dashboard.admin_token]
             .into_iter()

@@ -55,7 +55,7 @@ const MAX_HEADERS: usize = 100;
 
 /// A response, read whole.
 #[derive(Debug)]
-pub(super) struct Response {
+pub(crate) struct Response {
     pub status: u16,
     /// `Retry-After` in seconds, when the server sent the numeric form.
     pub retry_after: Option<Duration>,
@@ -65,7 +65,7 @@ pub(super) struct Response {
 }
 
 /// One origin (`http://host:port`) and its idle connections.
-pub(super) struct Origin {
+pub(crate) struct Origin {
     /// `host:port` to connect to (`[v6]:port` for IPv6 literals).
     connect_to: String,
     /// The `Host` header's value.
@@ -156,12 +156,19 @@ impl Origin {
     /// Starts a request: `POST <path> HTTP/1.1` with the `Host`, `Content-Type` and
     /// `Content-Length` headers written; add more with [`Request::header`].
     pub fn post(&self, body_len: usize) -> Request {
+        self.post_as(body_len, "application/json")
+    }
+
+    /// [`Origin::post`] with another content type.
+    pub fn post_as(&self, body_len: usize, content_type: &str) -> Request {
         let mut head = Vec::with_capacity(256 + body_len);
         head.extend_from_slice(b"POST ");
         head.extend_from_slice(self.path.as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
         head.extend_from_slice(self.host.as_bytes());
-        head.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+        head.extend_from_slice(b"\r\ncontent-type: ");
+        head.extend_from_slice(content_type.as_bytes());
+        head.extend_from_slice(b"\r\ncontent-length: ");
         head.extend_from_slice(body_len.to_string().as_bytes());
         head.extend_from_slice(b"\r\n");
         if let Some(auth) = &self.authorization {
@@ -250,7 +257,7 @@ impl Origin {
 }
 
 /// A request's head being written.
-pub(super) struct Request {
+pub(crate) struct Request {
     bytes: Vec<u8>,
 }
 

@@ -11,7 +11,7 @@
 
 pub mod exec;
 pub mod http;
-mod http_client;
+pub(crate) mod http_client;
 
 /// The http handler's response framing, for the fuzz target in `fuzz/` (not an API).
 #[cfg(feature = "fuzzing")]

@@ -303,12 +303,13 @@ impl Store {
         let ids: Vec<&str> = batch.iter().map(|s| s.id.as_str()).collect();
         let leases: Vec<i64> = batch.iter().map(|s| s.lease).collect();
         let results: Vec<Option<&Value>> = batch.iter().map(|s| s.result.as_ref()).collect();
+        let traces: Vec<Option<&str>> = batch.iter().map(|s| s.trace.as_deref()).collect();
         let client = self.client().await?;
         let rows = if batch.iter().all(SettleInput::is_plain_completion) {
             // The common case, in a statement of its own (fewer columns, no attempt log).
             let st = client.prepare_cached(sql::JOB_SETTLE_COMPLETED).await?;
             client
-                .query(&st, &[&worker_id, &ids, &leases, &results])
+                .query(&st, &[&worker_id, &ids, &leases, &results, &traces])
                 .await?
         } else {
             let statuses: Vec<&str> = batch.iter().map(|s| s.status.as_str()).collect();
@@ -323,7 +324,7 @@ impl Store {
                     &st,
                     &[
                         &worker_id, &ids, &leases, &statuses, &delays, &errors, &results,
-                        &outcomes, &refunds, &retries,
+                        &outcomes, &refunds, &retries, &traces,
                     ],
                 )
                 .await?

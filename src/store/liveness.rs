@@ -18,6 +18,7 @@ pub struct Reclaimed {
     pub status: JobStatus,
     pub owner: Option<String>,
     pub queue: String,
+    pub traceparent: Option<String>,
 }
 
 /// What a worker registers about itself.
@@ -47,6 +48,7 @@ fn reclaimed(rows: Vec<tokio_postgres::Row>) -> Vec<Reclaimed> {
             status: JobStatus::parse(r.get(1)).unwrap_or(JobStatus::Scheduled),
             owner: r.get(2),
             queue: r.get(3),
+            traceparent: r.get(4),
         })
         .collect()
 }

@@ -182,6 +182,8 @@ impl Store {
                 max_attempts: r.get(4),
                 timeout_ms: r.get(5),
                 generation: r.get(6),
+                traceparent: r.get(7),
+                attempts: r.get(8),
             })
             .collect();
         let locked = due.len();

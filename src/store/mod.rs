@@ -316,6 +316,8 @@ pub struct SettleInput {
     pub outcome: &'static str,
     /// A graceful release gives the attempt back.
     pub refund: bool,
+    /// A completion's traced run (`traceparent`): kept as the job's, for its `then` jobs.
+    pub trace: Option<String>,
 }
 
 impl SettleInput {
@@ -339,6 +341,9 @@ pub struct DueJob {
     pub max_attempts: i32,
     pub timeout_ms: Option<i32>,
     pub generation: i32,
+    pub traceparent: Option<String>,
+    /// Attempts it has had (0: its first publication is due).
+    pub attempts: i32,
 }
 
 /// What became of one round of due jobs handed to the publisher.

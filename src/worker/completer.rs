@@ -49,6 +49,8 @@ pub struct Finished {
     /// The job's own backoff, overriding the queue's.
     pub backoff: Option<crate::backoff::Backoff>,
     pub elapsed: Duration,
+    /// The attempt's open `process` span, when its job is traced.
+    pub(crate) span: Option<crate::telemetry::AttemptSpan>,
 }
 
 impl Finished {
@@ -71,6 +73,7 @@ impl Finished {
             acker,
             backoff: None,
             elapsed: Duration::ZERO,
+            span: None,
         }
     }
 }
@@ -165,7 +168,7 @@ impl Completer {
                     for one in &inputs {
                         fates.push(self.settle_alone(one.clone()).await);
                     }
-                    return self.record(&group, fates);
+                    return self.record(group, fates);
                 }
                 Err(e) => {
                     // Nothing is acked until the write commits; keep trying. The messages stay
@@ -181,17 +184,28 @@ impl Completer {
             .zip(settled)
             .map(|(input, s)| if s { Fate::Settled(input) } else { Fate::Lost })
             .collect();
-        self.record(&group, fates)
+        self.record(group, fates)
     }
 
     /// Counts, logs and acks what became of each attempt of a group; returns how many were
     /// settled.
-    fn record(&self, group: &[Finished], fates: Vec<Fate>) -> usize {
+    fn record(&self, group: Vec<Finished>, fates: Vec<Fate>) -> usize {
         let shared = &self.shared;
         let stats = &shared.stats;
         let mut done = 0;
-        for (f, fate) in group.iter().zip(fates) {
+        for (mut f, fate) in group.into_iter().zip(fates) {
             shared.ledger.settled(&f.id, f.lease);
+            if let Some(span) = f.span.take() {
+                match &fate {
+                    Fate::Settled(input) => span.settled(
+                        input.outcome,
+                        (input.status == JobStatus::Scheduled && !input.refund)
+                            .then_some(input.delay),
+                    ),
+                    Fate::Lost => span.settled("lost", None),
+                    Fate::Unsettled => span.settled("unsettled", None),
+                }
+            }
             let queue = &f.policy.name;
             let input = match fate {
                 Fate::Settled(input) => input,
@@ -326,9 +340,18 @@ impl Completer {
             result: None,
             outcome: "completed",
             refund: false,
+            trace: None,
         };
         match settlement {
-            Settlement::Complete(result) => SettleInput { result, ..base },
+            // A traced run's context stays with the completed job: its `then` jobs inherit it.
+            Settlement::Complete(result) => SettleInput {
+                result,
+                trace: f
+                    .span
+                    .as_ref()
+                    .map(crate::telemetry::AttemptSpan::traceparent),
+                ..base
+            },
             Settlement::RetryAfter { delay, error } => SettleInput {
                 status: JobStatus::Scheduled,
                 delay,

@@ -43,15 +43,21 @@ pub(crate) struct Owned {
 }
 
 /// Runs the job to its end and sends the outcome to the completer (unless ownership was lost).
+// One attempt from start to hand-over, read top to bottom: a line over the limit.
+#[allow(clippy::too_many_lines)]
 pub(crate) async fn execute(
     shared: Arc<Shared>,
     attempt: Attempt,
     job: Owned,
     done: mpsc::Sender<Finished>,
+    stored_ns: i128,
 ) {
     let policy = attempt.policy.clone();
     let handler = policy.handler.clone();
     let control = attempt.control.clone();
+    // Its trace (when traced): the handler gets the run's own context, so its spans are the
+    // run's children.
+    let (mut span, traceparent) = trace_attempt(&shared, &policy.name, &job, stored_ns);
     let ctx = JobContext {
         id: job.id.clone(),
         queue: policy.name.clone(),
@@ -60,7 +66,7 @@ pub(crate) async fn execute(
         payload: job.payload,
         parents: job.parents,
         timeout: job.timeout,
-        traceparent: job.traceparent,
+        traceparent,
         api_base: shared.api_base.clone(),
         worker_id: shared.worker_id.clone(),
         cancel: control.token().clone(),
@@ -142,6 +148,7 @@ pub(crate) async fn execute(
         (Some(Stop::Lost), _) => None,
         (None, other) => other,
     };
+    run_ended(&mut span, &outcome);
     match outcome {
         Some(outcome) => {
             shared.ledger.finished(&job.id, job.lease);
@@ -155,6 +162,7 @@ pub(crate) async fn execute(
                 acker: attempt.acker,
                 backoff: job.backoff,
                 elapsed: started.elapsed(),
+                span,
             };
             // The completer only goes away at the very end of a shutdown.
             let _ = done.send(finished).await;
@@ -165,6 +173,64 @@ pub(crate) async fn execute(
                   "attempt stopped: ownership lost; not settling and not acking");
         }
     }
+}
+
+/// The run is over with `outcome`: its span says so (with the handler's error, if any). A
+/// span dropped unsettled (its ownership lost) ends as `lost`.
+fn run_ended(span: &mut Option<crate::telemetry::AttemptSpan>, outcome: &Option<Outcome>) {
+    if let Some(span) = span.as_mut() {
+        let failed = match outcome {
+            Some(Outcome::Retry { error, .. } | Outcome::Permanent { error }) => {
+                Some(error.as_str())
+            }
+            _ => None,
+        };
+        span.run_ended(failed);
+    }
+}
+
+/// The attempt's `process` span (and, on a first attempt, its job's span from `stored_ns`,
+/// when the stream stored its message), when traces are on and the job's trace is sampled;
+/// and the `traceparent` its handler is given: the run's own, else the job's.
+fn trace_attempt(
+    shared: &Shared,
+    queue: &str,
+    job: &Owned,
+    stored_ns: i128,
+) -> (Option<crate::telemetry::AttemptSpan>, Option<String>) {
+    let span = attempt_span(shared, queue, job, stored_ns);
+    let traceparent = span
+        .as_ref()
+        .map(crate::telemetry::AttemptSpan::traceparent)
+        .or_else(|| job.traceparent.clone());
+    (span, traceparent)
+}
+
+fn attempt_span(
+    shared: &Shared,
+    queue: &str,
+    job: &Owned,
+    stored_ns: i128,
+) -> Option<crate::telemetry::AttemptSpan> {
+    if !shared.telemetry.is_on() {
+        return None;
+    }
+    let subject = format!("{}.{queue}", shared.broker.subject_prefix());
+    let queued_since = (stored_ns > 0).then(|| {
+        std::time::SystemTime::UNIX_EPOCH
+            + Duration::from_nanos(stored_ns.min(u64::MAX as i128) as u64)
+    });
+    shared.telemetry.attempt(
+        &crate::telemetry::JobRef {
+            id: &job.id,
+            queue,
+            subject: &subject,
+            traceparent: job.traceparent.as_deref(),
+        },
+        job.attempt,
+        job.max_attempts,
+        queued_since,
+    )
 }
 
 /// What a handler's (panic-guarded) future produced: a success after `job.defer()` is a

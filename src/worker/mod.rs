@@ -93,6 +93,8 @@ pub enum WorkerError {
     Dashboard { addr: String, cause: String },
     #[error("stopped before start-up finished")]
     Cancelled,
+    #[error("{0}")]
+    Telemetry(String),
 }
 
 /// Counters every service updates; read by tests, the benchmark and (later) /metrics.
@@ -312,6 +314,8 @@ pub(crate) struct Shared {
     pub open_batches: producer::OpenBatches,
     /// Progress reports PostgreSQL did not take: logged once per outage, not per report.
     pub progress_outage: std::sync::Mutex<outage::Outage>,
+    /// OpenTelemetry's exporters (off unless configured).
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 /// What a drain did.
@@ -541,6 +545,7 @@ impl Worker {
             rand::random::<u32>()
         );
         let listeners = Listeners::bind(&config).await?;
+        let telemetry = start_telemetry(&config, &worker_id)?;
         let stats = Arc::new(Stats::default());
         let supervisor = Supervisor::new(self.failpoints.clone());
         let (outbound, outbound_run) = Outbound::new(servers.broker.client.clone(), stats.clone());
@@ -584,6 +589,7 @@ impl Worker {
             supervisor: supervisor.clone(),
             open_batches: Default::default(),
             progress_outage: std::sync::Mutex::new(outage::Outage::new("progress reports")),
+            telemetry,
         });
         retry_transient("registering this worker", &cancel, || shared.register()).await?;
         // Before taking new work: recover what earlier incarnations of this host left.
@@ -911,6 +917,14 @@ fn spawn_background(
             api::serve_ops(l, sh.clone(), bc.clone()),
         ));
     }
+    if let Some(every) = sh.telemetry.metrics_every() {
+        background.spawn(sup.service(
+            Service::Metrics,
+            None,
+            bc.clone(),
+            push_metrics(sh.clone(), every, bc.clone()),
+        ));
+    }
     if let Some((l, a)) = listeners.dashboard {
         info!(url = %format!("http://{a}/"), admin = sh.config.dashboard.admin_token.is_some(),
               "dashboard listening");
@@ -922,6 +936,46 @@ fn spawn_background(
         ));
     }
     background
+}
+
+/// OpenTelemetry's exporters, as configured (off unless an endpoint is), said in the log.
+fn start_telemetry(
+    config: &Config,
+    worker_id: &str,
+) -> Result<crate::telemetry::Telemetry, WorkerError> {
+    let otlp = config
+        .telemetry
+        .resolve()
+        .map_err(|e| WorkerError::Telemetry(e.join("; ")))?;
+    let telemetry =
+        crate::telemetry::Telemetry::start(otlp, worker_id).map_err(WorkerError::Telemetry)?;
+    info!("{}", telemetry.describe());
+    Ok(telemetry)
+}
+
+/// Pushes `/metrics` as OTLP metrics every `every`, and once more as the worker stops. A
+/// collector that does not answer is said once per outage; the readings meanwhile are
+/// skipped (the next one carries the counters' totals).
+async fn push_metrics(shared: Arc<Shared>, every: Duration, cancel: CancellationToken) {
+    let mut outage = outage::Outage::new("OTLP metrics");
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let last = tokio::select! {
+            _ = cancel.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        let text = metrics::render(&shared).await;
+        match shared.telemetry.push_metrics(&text).await {
+            Ok(()) => outage.ok(),
+            Err(e) => {
+                outage.failed(&e);
+            }
+        }
+        if last {
+            return;
+        }
+    }
 }
 
 impl RunningWorker {
@@ -949,8 +1003,11 @@ impl RunningWorker {
             .outbound
             .flush(&self.broker.client, Duration::from_secs(5))
             .await;
+        let telemetry = self.shared.telemetry.clone();
         drop(self.shared);
         self.outbound_task.abort();
+        // The last spans, sent before the process ends (bounded by the export's own limit).
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         info!(worker.id = %self.id, finished = report.finished, released = report.released, "worker stopped");
         report
     }

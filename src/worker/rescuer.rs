@@ -135,5 +135,24 @@ impl Rescuer {
                 self.shared.announce_dead(&j.queue, &j.id, Some(reason));
             }
         }
+        let telemetry = &self.shared.telemetry;
+        if telemetry.is_on() && !jobs.is_empty() {
+            let prefix = self.shared.broker.subject_prefix();
+            let subjects: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{prefix}.{}", j.queue))
+                .collect();
+            let refs: Vec<crate::telemetry::JobRef<'_>> = jobs
+                .iter()
+                .zip(&subjects)
+                .map(|(j, subject)| crate::telemetry::JobRef {
+                    id: &j.id,
+                    queue: &j.queue,
+                    subject,
+                    traceparent: j.traceparent.as_deref(),
+                })
+                .collect();
+            telemetry.recovered(&refs, reason);
+        }
     }
 }

@@ -308,7 +308,9 @@ impl Scheduler {
         let round = self
             .shared
             .store
-            .job_publish_due(ROUND_LIMIT, |due| publish_all(broker, due, limit))
+            .job_publish_due(ROUND_LIMIT, |due| {
+                publish_all(broker, due, limit, self.shared.telemetry.clone())
+            })
             .await?;
         let stats = &self.shared.stats;
         Stats::add(&stats.scheduled_published, round.published as u64);
@@ -344,7 +346,15 @@ fn refusal(envelope: &Envelope, limit: usize) -> Option<String> {
 }
 
 /// Publishes every due job concurrently, waiting (bounded) for the stream's answers.
-async fn publish_all(broker: Broker, due: Vec<DueJob>, limit: usize) -> PublishReport {
+async fn publish_all(
+    broker: Broker,
+    due: Vec<DueJob>,
+    limit: usize,
+    telemetry: crate::telemetry::Telemetry,
+) -> PublishReport {
+    let started = std::time::SystemTime::now();
+    // (id, queue, traceparent, not run yet) of each job, for its span.
+    let mut traced = Vec::new();
     let mut report = PublishReport::default();
     let mut pending = Vec::with_capacity(due.len());
     // The rows stay locked while this runs: once one send could not even be handed to the
@@ -370,6 +380,14 @@ async fn publish_all(broker: Broker, due: Vec<DueJob>, limit: usize) -> PublishR
         if let Some(reason) = refusal(&envelope, limit) {
             report.unpublishable.push((job.id, reason));
             continue;
+        }
+        if telemetry.is_on() {
+            traced.push((
+                job.id.clone(),
+                job.queue.clone(),
+                job.traceparent.clone(),
+                job.attempts == 0,
+            ));
         }
         match broker
             .publish_job(&job.queue, &envelope, job.generation)
@@ -407,6 +425,26 @@ async fn publish_all(broker: Broker, due: Vec<DueJob>, limit: usize) -> PublishR
                     .first_error
                     .get_or_insert_with(|| "no answer from the stream in time".into());
                 report.failed.push(id);
+            }
+        }
+    }
+    if !traced.is_empty() {
+        let published: std::collections::HashSet<&str> =
+            report.published.iter().map(|(id, _)| id.as_str()).collect();
+        let prefix = broker.subject_prefix();
+        for (id, queue, traceparent, first) in &traced {
+            if published.contains(id.as_str()) {
+                let subject = format!("{prefix}.{queue}");
+                telemetry.published(
+                    &crate::telemetry::JobRef {
+                        id,
+                        queue,
+                        subject: &subject,
+                        traceparent: traceparent.as_deref(),
+                    },
+                    if *first { "due" } else { "again" },
+                    started,
+                );
             }
         }
     }

@@ -98,6 +98,11 @@ pub struct BenchArgs {
     /// publish→start p50/p99 of both and how long the prune took.
     #[arg(long)]
     pub prune: Option<u64>,
+    /// Trace every phase's jobs with OpenTelemetry at this sampling ratio (e.g. 0.1), sent
+    /// to an OTLP/HTTP sink in this process that counts and discards them: what tracing
+    /// costs, against a run without the flag.
+    #[arg(long)]
+    pub trace_ratio: Option<f64>,
 }
 
 pub fn now_micros() -> i64 {
@@ -190,6 +195,22 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
     if let Some(n) = args.prune {
         return crate::bench_prune::run(&base, &args, n).await;
     }
+    let sink = match args.trace_ratio {
+        Some(ratio) => {
+            let sink = crate::otlp_sink::OtlpSink::start().await?;
+            base.telemetry.otlp_endpoint = Some(sink.url.clone());
+            base.telemetry.sample_ratio = Some(ratio);
+            base.telemetry
+                .resolve()
+                .map_err(|e| anyhow::anyhow!(e.join("; ")))?;
+            println!(
+                "tracing: OpenTelemetry on, {ratio} of jobs traced, to an OTLP sink at {}",
+                sink.url
+            );
+            Some(sink)
+        }
+        None => None,
+    };
     println!(
         "jobwarden bench: {} cores, PostgreSQL {}, NATS {}",
         std::thread::available_parallelism()
@@ -291,6 +312,9 @@ pub async fn run(args: BenchArgs, config_path: Option<&Path>) -> Result<()> {
         "peak RSS (worker + bench publisher, one process): {:.1} MiB",
         peak_rss_mib()
     );
+    if let Some(sink) = &sink {
+        println!("{}", sink.summary());
+    }
     let app = match app_url {
         Some(a) => Some(a),
         None if !args.no_process || args.backlog.is_some() || args.enqueue_many.is_some() => {

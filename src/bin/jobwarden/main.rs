@@ -14,6 +14,7 @@ mod bulk;
 mod demo;
 mod enqueue_many;
 mod keys;
+mod otlp_sink;
 mod prune;
 mod queues;
 mod testkit;

@@ -7,7 +7,7 @@
 -- $1 most parents per round; $2 one parent only (NULL: any). Returns how many parents it took, jobs it created and children it
 -- decided, and the children it dead-lettered (ids, queues, reasons).
 WITH parents AS (
-    SELECT id, status, then_jobs, COALESCE(pipeline, id) AS pipeline
+    SELECT id, status, then_jobs, COALESCE(pipeline, id) AS pipeline, traceparent
     FROM jobs
     WHERE chain_pending AND ($2::text IS NULL OR id = $2::text)
     ORDER BY id
@@ -15,7 +15,7 @@ WITH parents AS (
     FOR UPDATE SKIP LOCKED
 ),
 specs AS (
-    SELECT p.id AS parent, p.pipeline, e.spec,
+    SELECT p.id AS parent, p.pipeline, p.traceparent, e.spec,
            -- A derived id stays within the bytes an id may have (migration V14).
            COALESCE(e.spec ->> 'id', chain_child_id(p.id, e.n)) AS id
     FROM parents p, jsonb_array_elements(p.then_jobs) WITH ORDINALITY AS e(spec, n)
@@ -24,7 +24,7 @@ specs AS (
 created AS (
     INSERT INTO jobs (id, queue, payload, priority, max_attempts, timeout_ms, idempotency_key,
                       backoff, status, scheduled_at, then_jobs, pipeline, expires_at, key, gate,
-                      parent_results)
+                      parent_results, traceparent)
     SELECT s.id, s.spec ->> 'queue', s.spec -> 'payload',
            COALESCE((s.spec ->> 'priority')::int2, 5),
            COALESCE((s.spec ->> 'max_attempts')::int4, 5),
@@ -39,7 +39,10 @@ created AS (
            job_gate(s.spec ->> 'queue', job_gate_own(s.spec), s.spec ->> 'key',
                     s.spec ->> 'idempotency_key'),
            -- Its parent's result (version 28).
-           job_parent_results(ARRAY[s.parent])
+           job_parent_results(ARRAY[s.parent]),
+           -- Its parent's trace: the parent's traced run when there was one (written by the
+           -- settle), else the parent's own traceparent. A pipeline is one trace.
+           s.traceparent
     FROM specs s
     ON CONFLICT DO NOTHING
     RETURNING id

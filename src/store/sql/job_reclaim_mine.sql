@@ -9,4 +9,7 @@ WITH victims AS (
       AND j.status = 'processing'
     FOR UPDATE OF j SKIP LOCKED
 )
-SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'self_fenced'::text)
+-- (Its traceparent is for the recovery span, when traces are on.)
+SELECT r.id, r.status, r.owner, r.queue,
+       (SELECT traceparent FROM jobs WHERE id = r.id)
+FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'self_fenced'::text) AS r

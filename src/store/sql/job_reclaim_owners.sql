@@ -10,4 +10,7 @@ victims AS (
     WHERE status = 'processing' AND worker_id = ANY($1::text[])
     FOR UPDATE SKIP LOCKED
 )
-SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), $2::text)
+-- (Its traceparent is for the recovery span, when traces are on.)
+SELECT r.id, r.status, r.owner, r.queue,
+       (SELECT traceparent FROM jobs WHERE id = r.id)
+FROM reclaim_jobs(ARRAY(SELECT id FROM victims), $2::text) AS r

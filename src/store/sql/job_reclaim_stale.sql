@@ -14,4 +14,7 @@ WITH victims AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 )
-SELECT id, status, owner, queue FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'stale'::text)
+-- (Its traceparent is for the recovery span, when traces are on.)
+SELECT r.id, r.status, r.owner, r.queue,
+       (SELECT traceparent FROM jobs WHERE id = r.id)
+FROM reclaim_jobs(ARRAY(SELECT id FROM victims), 'stale'::text) AS r

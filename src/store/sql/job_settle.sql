@@ -10,13 +10,14 @@
 -- $7 results; $8 attempt outcomes; $9 attempts refunded (1 for a graceful release); $10 retry
 -- delays (ms) of the attempts settled `awaiting` (version 31), whose $5 is their deadline: the
 -- row keeps its owner and lease, and its attempt is logged when it ends (complete(), fail(),
--- the deadline sweep), not now.
+-- the deadline sweep), not now. $11 the traced runs' contexts of completions (traceparent,
+-- else NULL): kept as the job's, which its `then` jobs inherit.
 WITH input AS (
     SELECT *
     FROM unnest($2::text[], $3::int8[], $4::text[], $5::int8[], $6::text[], $7::jsonb[],
-                $8::text[], $9::int4[], $10::int8[])
+                $8::text[], $9::int4[], $10::int8[], $11::text[])
          WITH ORDINALITY AS t(id, lease, status, delay_ms, error, result, outcome, refund,
-                              retry_ms, n)
+                              retry_ms, trace, n)
 ),
 done AS (
     UPDATE jobs j
@@ -28,6 +29,7 @@ done AS (
                             ELSE j.scheduled_at END,
         last_error = COALESCE(i.error, j.last_error),
         result = i.result,
+        traceparent = COALESCE(i.trace, j.traceparent),
         stale_at = NULL,
         await_until = CASE WHEN i.status = 'awaiting'
                            THEN now() + i.delay_ms * interval '1 millisecond' END,

@@ -250,6 +250,9 @@ impl Producer {
         } else {
             None
         };
+        if self.shared.telemetry.is_on() {
+            self.trace_claim(sent, &inputs, &answers.each);
+        }
         for ((input, d), answer) in inputs.into_iter().zip(messages).zip(answers.each) {
             match answer {
                 Answer::Claim(claim) => {
@@ -284,6 +287,33 @@ impl Producer {
 
     /// A message that cannot run as it is, kept dead under its own id with `reason` (a dead
     /// member of `batch`, if it names one: its batch does not wait for it).
+    /// The claim's `receive` span, linked to the traced jobs it claimed.
+    fn trace_claim(&self, sent: Instant, inputs: &[ClaimInput], answers: &[Answer]) {
+        let queue = &self.policy.name;
+        let subject = format!("{}.{queue}", self.shared.broker.subject_prefix());
+        let claimed: Vec<crate::telemetry::JobRef<'_>> = inputs
+            .iter()
+            .zip(answers)
+            .filter_map(|(input, answer)| match answer {
+                Answer::Claim(Claim::Claimed { traceparent, .. }) => {
+                    Some(crate::telemetry::JobRef {
+                        id: &input.job.id,
+                        queue,
+                        subject: &subject,
+                        traceparent: traceparent.as_deref().or(input.traceparent.as_deref()),
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        let started = std::time::SystemTime::now()
+            .checked_sub(sent.elapsed())
+            .unwrap_or_else(std::time::SystemTime::now);
+        self.shared
+            .telemetry
+            .claimed(queue, &subject, started, &claimed);
+    }
+
     fn rejected(&self, d: Delivered, reason: String, batch: Option<String>) -> Rejected {
         Rejected {
             id: self.own_id(&d),

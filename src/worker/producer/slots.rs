@@ -126,7 +126,7 @@ pub(super) async fn run_in_slot(
         freed,
         started: Instant::now(),
     };
-    execute(shared, attempt, job, done).await;
+    execute(shared, attempt, job, done, stored_ns).await;
 }
 
 /// Gives back a claimed attempt that never started (the worker stopped or fenced itself off
