@@ -210,31 +210,7 @@ async fn secrets_never_reach_logs_config_check_errors_or_handlers() {
     let mut outputs = Vec::new();
 
     // A run at debug level that completes jobs, then stops.
-    let log = dir.join("run.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"))
-        .args(["--config", file.to_str().unwrap(), "run"])
-        .envs(secret_env)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
-        .spawn()
-        .unwrap();
-    for i in 0..3 {
-        env.publish_raw(
-            "work",
-            json!({"id": format!("s-{i}"), "payload": {}}).to_string(),
-        )
-        .await;
-    }
-    let done = env.wait_count("completed", 3, 30).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let _ = child.wait();
-    let run_log = std::fs::read_to_string(&log).unwrap()
-        + &std::fs::read_to_string(dir.join("run.err")).unwrap();
+    let (done, run_log) = run_three_jobs(&env, &file, &secret_env, &dir, "s").await;
     assert!(done, "3 jobs complete; log:\n{run_log}");
     assert!(
         run_log.contains("NATS authentication: user worker with password"),
@@ -339,31 +315,7 @@ async fn a_seed_list_is_joined_through_any_live_server_and_never_shows_its_passw
         "{check}"
     );
 
-    let log = dir.join("run.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"))
-        .args(["--config", file.to_str().unwrap(), "run"])
-        .envs(vars)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
-        .spawn()
-        .unwrap();
-    for i in 0..3 {
-        env.publish_raw(
-            "work",
-            json!({"id": format!("seed-{i}"), "payload": {}}).to_string(),
-        )
-        .await;
-    }
-    let done = env.wait_count("completed", 3, 30).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let _ = child.wait();
-    let run_log = std::fs::read_to_string(&log).unwrap()
-        + &std::fs::read_to_string(dir.join("run.err")).unwrap();
+    let (done, run_log) = run_three_jobs(&env, &file, &vars, &dir, "seed").await;
     assert!(
         done,
         "3 jobs complete through the live seed; log:\n{run_log}"
@@ -391,4 +343,42 @@ async fn a_seed_list_is_joined_through_any_live_server_and_never_shows_its_passw
     );
     assert!(!said.contains(SECRET), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `jobwarden run` with `file` and `vars` (its log in `dir`) until three jobs published
+/// as `<prefix>-<i>` complete (at most 30 s), then stops it with SIGTERM. Returns whether
+/// they completed, and its log (standard output and error).
+async fn run_three_jobs(
+    env: &TestEnv,
+    file: &std::path::Path,
+    vars: &[(&str, &str)],
+    dir: &std::path::Path,
+    prefix: &str,
+) -> (bool, String) {
+    let log = dir.join("run.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobwarden"))
+        .args(["--config", file.to_str().unwrap(), "run"])
+        .envs(vars.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.join("run.err")).unwrap())
+        .spawn()
+        .unwrap();
+    for i in 0..3 {
+        env.publish_raw(
+            "work",
+            json!({"id": format!("{prefix}-{i}"), "payload": {}}).to_string(),
+        )
+        .await;
+    }
+    let done = env.wait_count("completed", 3, 30).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let run_log = std::fs::read_to_string(&log).unwrap()
+        + &std::fs::read_to_string(dir.join("run.err")).unwrap();
+    (done, run_log)
 }

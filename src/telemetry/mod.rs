@@ -34,8 +34,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer, SdkTracerProvider,
-    ShouldSample,
+    IdGenerator, RandomIdGenerator, SamplingDecision, SdkTracer, SdkTracerProvider, ShouldSample,
 };
 use sha2::{Digest, Sha256};
 use std::cell::Cell;
@@ -49,7 +48,7 @@ pub struct Telemetry(Option<Arc<Inner>>);
 struct Inner {
     provider: Option<SdkTracerProvider>,
     tracer: Option<SdkTracer>,
-    sampler: Sampler,
+    sampler: JobSampler,
     otlp: Otlp,
     transport: transport::Otlp,
     resource: Vec<opentelemetry_proto::tonic::common::v1::KeyValue>,
@@ -98,6 +97,62 @@ fn digest(kind: &str, id: &str) -> [u8; 32] {
     h.update(b" ");
     h.update(id.as_bytes());
     h.finalize().into()
+}
+
+/// The sampler: OpenTelemetry's `parentbased_traceidratio` (or `traceidratio`) rule, decided
+/// once per job without building a context (a job not traced costs a hash and a compare), and
+/// a claim's `receive` span always kept: one is only made when a job it claimed is traced.
+#[derive(Debug, Clone, Copy)]
+struct JobSampler {
+    parent_based: bool,
+    ratio: f64,
+}
+
+impl JobSampler {
+    /// Whether a span under `parent` (a remote or local span context) in `trace_id` is kept.
+    fn keeps(&self, parent: Option<&SpanContext>, trace_id: TraceId) -> bool {
+        match parent {
+            Some(p) if self.parent_based => p.is_sampled(),
+            _ => ratio_keeps(self.ratio, trace_id),
+        }
+    }
+}
+
+/// OpenTelemetry's TraceIdRatioBased rule: the trace id's low 63 bits under the ratio.
+fn ratio_keeps(ratio: f64, trace_id: TraceId) -> bool {
+    if ratio >= 1.0 {
+        return true;
+    }
+    let bound = (ratio.max(0.0) * (1u64 << 63) as f64) as u64;
+    let bytes = trace_id.to_bytes();
+    let low = u64::from_be_bytes(bytes[8..].try_into().expect("8 bytes"));
+    (low >> 1) < bound
+}
+
+impl ShouldSample for JobSampler {
+    fn should_sample(
+        &self,
+        parent: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        _kind: &SpanKind,
+        _attributes: &[KeyValue],
+        _links: &[Link],
+    ) -> opentelemetry_sdk::trace::SamplingResult {
+        let parent = parent
+            .map(|cx| cx.span().span_context().clone())
+            .filter(SpanContext::is_valid);
+        let keep = name.starts_with("receive ") || self.keeps(parent.as_ref(), trace_id);
+        opentelemetry_sdk::trace::SamplingResult {
+            decision: if keep {
+                SamplingDecision::RecordAndSample
+            } else {
+                SamplingDecision::Drop
+            },
+            attributes: Vec::new(),
+            trace_state: parent.map(|p| p.trace_state().clone()).unwrap_or_default(),
+        }
+    }
 }
 
 /// The trace a job without a `traceparent` starts.
@@ -245,17 +300,9 @@ impl Telemetry {
         let Some(otlp) = otlp else {
             return Ok(Telemetry::off());
         };
-        let root = if otlp.ratio >= 1.0 {
-            Sampler::AlwaysOn
-        } else if otlp.ratio <= 0.0 {
-            Sampler::AlwaysOff
-        } else {
-            Sampler::TraceIdRatioBased(otlp.ratio)
-        };
-        let sampler = if otlp.parent_based {
-            Sampler::ParentBased(Box::new(root))
-        } else {
-            root
+        let sampler = JobSampler {
+            parent_based: otlp.parent_based,
+            ratio: otlp.ratio,
         };
         let transport = transport::Otlp::on_current_runtime();
         let resource_attributes = [
@@ -273,15 +320,25 @@ impl Telemetry {
                     .with_timeout(transport::EXPORT_LIMIT)
                     .build()
                     .map_err(|e| format!("telemetry: the OTLP trace exporter for {url}: {e}"))?;
+                // Sent as soon as a batch fills; a queue deep enough for a burst of traced
+                // jobs (the SDK drops spans beyond it rather than slow the worker).
+                let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+                    .with_batch_config(
+                        opentelemetry_sdk::trace::BatchConfigBuilder::default()
+                            .with_max_queue_size(16_384)
+                            .with_max_export_batch_size(1024)
+                            .build(),
+                    )
+                    .build();
                 let provider = SdkTracerProvider::builder()
                     .with_id_generator(JobIds(RandomIdGenerator::default()))
-                    .with_sampler(sampler.clone())
+                    .with_sampler(sampler)
                     .with_resource(
                         opentelemetry_sdk::Resource::builder_empty()
                             .with_attributes(resource_attributes.clone())
                             .build(),
                     )
-                    .with_batch_exporter(exporter)
+                    .with_span_processor(processor)
                     .build();
                 let tracer = provider.tracer("jobwarden");
                 (Some(provider), Some(tracer))
@@ -340,45 +397,41 @@ impl Telemetry {
         self.0.as_ref()?.tracer.as_ref()
     }
 
-    /// The context a job's spans hang from: its own span's (ids derived from its id, under
-    /// its `traceparent`), flagged sampled or not by the one decision that holds for the
-    /// whole job. `None` when traces are off.
-    fn job_context(&self, job: &JobRef<'_>) -> Option<(Context, SpanContext, bool)> {
+    /// Whether job `id` (with its stored `traceparent`) is traced: traces on, and its trace
+    /// sampled.
+    pub fn traces(&self, id: &str, traceparent: Option<&str>) -> bool {
+        let job = JobRef {
+            id,
+            queue: "",
+            subject: "",
+            traceparent,
+        };
+        self.job_context(&job).is_some()
+    }
+
+    /// The context a job's spans hang from, when its trace is kept: its producer's span
+    /// context (if any) and its own span's (ids derived from its id, under its
+    /// `traceparent`). `None` when traces are off or the job's trace is not sampled: one
+    /// decision, from the trace id, holds for the whole job.
+    fn job_context(&self, job: &JobRef<'_>) -> Option<(Option<SpanContext>, SpanContext)> {
         let inner = self.0.as_ref()?;
         inner.tracer.as_ref()?;
         let parent = job.traceparent.and_then(parse_traceparent);
-        let producer = match &parent {
-            Some(sc) => Context::new().with_remote_span_context(sc.clone()),
-            None => Context::new(),
-        };
         let trace_id = parent
             .as_ref()
             .map(SpanContext::trace_id)
             .unwrap_or_else(|| job_trace_id(job.id));
-        let decision = inner
-            .sampler
-            .should_sample(
-                Some(&producer),
-                trace_id,
-                "job",
-                &SpanKind::Internal,
-                &[],
-                &[],
-            )
-            .decision;
-        let sampled = decision == SamplingDecision::RecordAndSample;
+        if !inner.sampler.keeps(parent.as_ref(), trace_id) {
+            return None;
+        }
         let own = SpanContext::new(
             trace_id,
             job_span_id(job.id),
-            if sampled {
-                TraceFlags::SAMPLED
-            } else {
-                TraceFlags::default()
-            },
+            TraceFlags::SAMPLED,
             true,
             TraceState::default(),
         );
-        Some((producer, own, sampled))
+        Some((parent, own))
     }
 
     /// An attempt of a job starts: on its first attempt, the job's own span (from
@@ -391,10 +444,7 @@ impl Telemetry {
         max_attempts: u32,
         queued_since: Option<SystemTime>,
     ) -> Option<AttemptSpan> {
-        let (producer, own, sampled) = self.job_context(job)?;
-        if !sampled {
-            return None;
-        }
+        let (parent, own) = self.job_context(job)?;
         let tracer = self.tracer()?.clone();
         if attempt <= 1 {
             NEXT_IDS.with(|c| c.set(Some((own.trace_id(), own.span_id()))));
@@ -405,6 +455,10 @@ impl Telemetry {
             if let Some(t) = queued_since {
                 builder = builder.with_start_time(t);
             }
+            let producer = match parent {
+                Some(sc) => Context::new().with_remote_span_context(sc),
+                None => Context::new(),
+            };
             let span = builder.start_with_context(&tracer, &producer);
             NEXT_IDS.with(|c| c.set(None));
             let mut span = span;
@@ -439,10 +493,12 @@ impl Telemetry {
         let links: Vec<Link> = jobs
             .iter()
             .filter_map(|j| self.job_context(j))
-            .filter(|(_, _, sampled)| *sampled)
-            .map(|(_, own, _)| Link::with_context(own))
+            .map(|(_, own)| Link::with_context(own))
             .collect();
-        // A claim none of whose jobs is traced is kept at the root sampler's ratio.
+        // Only a claim that took a traced job is a span (and then always kept: see JobSampler).
+        if links.is_empty() {
+            return;
+        }
         let mut span = tracer
             .span_builder(format!("receive {queue}"))
             .with_kind(SpanKind::Client)
@@ -463,12 +519,9 @@ impl Telemetry {
     /// A job is published (its first publication, a retry's, a chain step's, a recovered
     /// job's): a PRODUCER span under the job's context, from `started` to now.
     pub fn published(&self, job: &JobRef<'_>, why: &str, started: SystemTime) {
-        let Some((_, own, sampled)) = self.job_context(job) else {
+        let Some((_, own)) = self.job_context(job) else {
             return;
         };
-        if !sampled {
-            return;
-        }
         let Some(tracer) = self.tracer() else { return };
         let mut attributes = job_attributes(job);
         attributes.extend([
@@ -490,7 +543,7 @@ impl Telemetry {
     pub fn recovered(&self, jobs: &[JobRef<'_>], why: &str) {
         let Some(tracer) = self.tracer() else { return };
         for job in jobs {
-            let Some((_, own, true)) = self.job_context(job) else {
+            let Some((_, own)) = self.job_context(job) else {
                 continue;
             };
             let mut attributes = job_attributes(job);
@@ -522,17 +575,14 @@ impl Telemetry {
             nanos(SystemTime::now()),
         );
         let body = prost::Message::encode_to_vec(&request);
-        let (status, answer) = inner
+        let (status, _) = inner
             .transport
             .post(url, "application/x-protobuf", Vec::new(), body.into())
             .await?;
         if (200..300).contains(&status) {
             Ok(())
         } else {
-            Err(format!(
-                "{url} answered {status}: {}",
-                String::from_utf8_lossy(&answer[..answer.len().min(200)])
-            ))
+            Err(format!("{url} answered {status}"))
         }
     }
 
@@ -574,6 +624,36 @@ mod tests {
             parse_traceparent("00-00000000000000000000000000000000-b7ad6b7169203331-01").is_none()
         );
         assert!(parse_traceparent("garbage").is_none());
+    }
+
+    #[test]
+    fn the_ratio_rule_is_opentelemetrys_own() {
+        for ratio in [0.0, 0.1, 0.5, 0.99] {
+            let sdk = opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio);
+            let mut kept = 0;
+            for i in 0..4000 {
+                let t = job_trace_id(&i.to_string());
+                let theirs = sdk
+                    .should_sample(None, t, "x", &SpanKind::Internal, &[], &[])
+                    .decision
+                    == SamplingDecision::RecordAndSample;
+                assert_eq!(ratio_keeps(ratio, t), theirs, "{ratio} {t}");
+                kept += usize::from(theirs);
+            }
+            let share = kept as f64 / 4000.0;
+            assert!((share - ratio).abs() < 0.03, "{ratio}: kept {share}");
+        }
+        // Parent-based: a remote parent's flag decides, whatever the ratio.
+        let s = JobSampler {
+            parent_based: true,
+            ratio: 0.0,
+        };
+        let sampled = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        let not = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00");
+        let t = job_trace_id("x");
+        assert!(s.keeps(sampled.as_ref(), t));
+        assert!(!s.keeps(not.as_ref(), t));
+        assert!(!s.keeps(None, t));
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub const EXPORT_LIMIT: Duration = Duration::from_secs(10);
 pub struct Otlp {
     runtime: tokio::runtime::Handle,
     origins: Arc<Mutex<HashMap<String, Arc<Origin>>>>,
+    /// The URLs whose last export failed: said once when one starts failing, once when it
+    /// works again.
+    failing: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Otlp {
@@ -32,6 +35,7 @@ impl Otlp {
         Otlp {
             runtime: tokio::runtime::Handle::current(),
             origins: Arc::default(),
+            failing: Arc::default(),
         }
     }
 
@@ -47,6 +51,36 @@ impl Otlp {
 
     /// Posts `body` (`content_type`, extra `headers`) to `url`; returns the status and body.
     pub async fn post(
+        &self,
+        url: &str,
+        content_type: &str,
+        headers: Vec<(String, Vec<u8>)>,
+        body: Bytes,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let answer = self.post_once(url, content_type, headers, body).await;
+        let failed = match &answer {
+            Ok((status, _)) if (200..300).contains(status) => None,
+            Ok((status, body)) => Some(format!(
+                "answered {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )),
+            Err(e) => Some(e.clone()),
+        };
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match failed {
+            Some(cause) if failing.insert(url.to_string()) => tracing::warn!(
+                "OpenTelemetry: the export to {url} failed ({cause}); what is not exported \
+                 meanwhile is dropped (said once, and again when it works)"
+            ),
+            None if failing.remove(url) => {
+                tracing::info!("OpenTelemetry: the export to {url} works again")
+            }
+            _ => {}
+        }
+        answer
+    }
+
+    async fn post_once(
         &self,
         url: &str,
         content_type: &str,

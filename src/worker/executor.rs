@@ -212,7 +212,8 @@ fn attempt_span(
     job: &Owned,
     stored_ns: i128,
 ) -> Option<crate::telemetry::AttemptSpan> {
-    if !shared.telemetry.is_on() {
+    // Most jobs are not traced: decided before anything is built for the spans.
+    if !shared.telemetry.traces(&job.id, job.traceparent.as_deref()) {
         return None;
     }
     let subject = format!("{}.{queue}", shared.broker.subject_prefix());

@@ -954,10 +954,9 @@ fn start_telemetry(
 }
 
 /// Pushes `/metrics` as OTLP metrics every `every`, and once more as the worker stops. A
-/// collector that does not answer is said once per outage; the readings meanwhile are
-/// skipped (the next one carries the counters' totals).
+/// collector that does not answer is said once per outage (by the transport); the readings
+/// meanwhile are skipped (the next one carries the counters' totals).
 async fn push_metrics(shared: Arc<Shared>, every: Duration, cancel: CancellationToken) {
-    let mut outage = outage::Outage::new("OTLP metrics");
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -966,12 +965,7 @@ async fn push_metrics(shared: Arc<Shared>, every: Duration, cancel: Cancellation
             _ = tick.tick() => false,
         };
         let text = metrics::render(&shared).await;
-        match shared.telemetry.push_metrics(&text).await {
-            Ok(()) => outage.ok(),
-            Err(e) => {
-                outage.failed(&e);
-            }
-        }
+        let _ = shared.telemetry.push_metrics(&text).await;
         if last {
             return;
         }
