@@ -10,7 +10,7 @@ import nats
 import psycopg
 import pytest
 
-from jobwarden_client import Producer, enqueue
+from jobwarden_client import JobwardenError, Producer, enqueue
 
 from .conftest import DATABASE_URL, Worker, drop_schema, migrate_schema, wait_for
 
@@ -33,15 +33,27 @@ def test_a_worker_runs_a_job_published_through_nats_and_one_enqueued_through_sql
         nc = await nats.connect(nats_url)
         try:
             js = nc.jetstream()
-            for _ in range(600):  # the worker creates the stream at start-up
+            # The worker creates the stream and then its queues' consumers at start-up: once
+            # its consumer is there, it is done provisioning.
+            for _ in range(600):
                 try:
-                    await js.stream_info("JOBS")
+                    await js.consumer_info("JOBS", "jobwarden-py-nats")
                     break
                 except Exception:
                     await asyncio.sleep(0.05)
             else:
-                pytest.fail(f"the worker never created the stream; its log:\n{worker.log()}")
-            return await Producer(nc).publish("py-nats", {"via": "nats"}, max_attempts=2)
+                pytest.fail(f"the worker never created its consumer; its log:\n{worker.log()}")
+            # A stream just created may not answer its subjects for a moment: publishing
+            # again with the same id is safe (the stream drops a duplicate).
+            for attempt in range(20):
+                try:
+                    return await Producer(nc).publish(
+                        "py-nats", {"via": "nats"}, id="py-e2e-nats", max_attempts=2
+                    )
+                except JobwardenError as e:
+                    if "no response from stream" not in str(e) or attempt == 19:
+                        raise
+                    await asyncio.sleep(0.1)
         finally:
             await nc.close()
 

@@ -22,15 +22,17 @@ before(async () => {
   nc = await connect({ servers: server.url });
   db = await connectDb();
   const jsm = await jetstreamManager(nc);
+  // The worker creates the stream and then its queues' consumers at start-up: once its
+  // consumer is there, it is done provisioning.
   const provisioned = await waitFor(async () => {
     try {
-      await jsm.streams.info("JOBS");
+      await jsm.consumers.info("JOBS", "jobwarden-ts-nats");
       return true;
     } catch {
       return false;
     }
   }, 30_000);
-  assert.ok(provisioned, `the worker never created the stream; its log:\n${worker.log()}`);
+  assert.ok(provisioned, `the worker never created its consumer; its log:\n${worker.log()}`);
 });
 
 after(async () => {
