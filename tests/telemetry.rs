@@ -436,3 +436,51 @@ async fn metrics_arrive_over_otlp_with_the_numbers_of_the_metrics_endpoint() {
         .any(|a| a.key == "service.name" && text(&a.value) == "jw-test"));
     w.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_job_shows_its_recovery_and_its_next_run_under_the_same_job() {
+    let (url, received) = receiver().await;
+    // Short thresholds (in [worker]), so a dead worker's job is taken back within seconds.
+    let env = TestEnv::new(&format!(
+        "heartbeat_every = \"500ms\"\ndead_after = \"3s\"\nreap_every = \"200ms\"\n{}",
+        config(&url, "")
+    ))
+    .await;
+    // The first attempt hangs; the next completes.
+    let h = from_fn(|job| async move {
+        if job.attempt < 2 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        Ok(None)
+    });
+    let first = env.worker(&[("h", h.clone())]).await;
+    publish_traced(&env, json!({"id": "rec-1", "payload": {}})).await;
+    assert!(env.wait_status("rec-1", "processing", 10).await);
+    first.abort(); // as a crash: nothing settled, its heartbeat stops
+    let second = env.worker(&[("h", h)]).await;
+    assert!(env.wait_status("rec-1", "completed", 30).await);
+    second.shutdown().await;
+    let spans = spans_when(&received, |s| {
+        s.iter().any(|g| g.name == "recover work") && s.iter().any(|g| g.name == "settle work")
+    })
+    .await;
+    let job_span_id = hex(&jobwarden::telemetry::job_span_id("rec-1").to_bytes());
+    let recover = one(&spans, "recover span", |s| s.name == "recover work");
+    assert_eq!(recover.trace, PRODUCER_TRACE);
+    assert_eq!(recover.parent, job_span_id);
+    // Its owner stopped beating: the reaper's reason (a start-up reconciliation would say
+    // `restarted`, were the dead worker's process gone).
+    assert!(
+        ["owner_dead", "restarted"].contains(&recover.attr("jobwarden.recovery.reason")),
+        "{recover:#?}"
+    );
+    assert_eq!(recover.attr("messaging.message.id"), "rec-1");
+    let rerun = one(&spans, "the second run", |s| {
+        s.name == "process work" && s.attr("jobwarden.attempt") == "2"
+    });
+    assert_eq!(rerun.parent, job_span_id);
+    assert_eq!(rerun.attr("jobwarden.outcome"), "completed");
+    // Published again by the scheduler after the recovery, under the job too.
+    let again = one(&spans, "the republication", |s| s.name == "send jobs.work");
+    assert_eq!(again.parent, job_span_id);
+}
