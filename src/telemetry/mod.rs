@@ -601,13 +601,6 @@ impl Telemetry {
             let _ = provider.shutdown();
         }
     }
-
-    /// Sends what is buffered now (blocking, as [`Telemetry::shutdown`]).
-    pub fn flush(&self) {
-        if let Some(provider) = self.0.as_ref().and_then(|i| i.provider.as_ref()) {
-            let _ = provider.force_flush();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -57,8 +57,31 @@ impl Otlp {
         headers: Vec<(String, Vec<u8>)>,
         body: Bytes,
     ) -> Result<(u16, Vec<u8>), String> {
-        let answer = self.post_once(url, content_type, headers, body).await;
-        let failed = match &answer {
+        let origin = self.origin(url)?;
+        let content_type = content_type.to_string();
+        let call = async move {
+            let mut req = origin.post_as(body.len(), &content_type);
+            for (name, value) in &headers {
+                req.header(name, value).map_err(|e| e.to_string())?;
+            }
+            let resp = origin.send(req, &body).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((resp.status, resp.body))
+        };
+        let task = self
+            .runtime
+            .spawn(async move { tokio::time::timeout(EXPORT_LIMIT, call).await });
+        let answer = match task.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(format!("no answer within {}s", EXPORT_LIMIT.as_secs())),
+            Err(e) => Err(format!("the export task ended: {e}")),
+        };
+        self.said(url, &answer);
+        answer
+    }
+
+    /// Says once when exports to `url` start failing, and once when they work again.
+    fn said(&self, url: &str, answer: &Result<(u16, Vec<u8>), String>) {
+        let failed = match answer {
             Ok((status, _)) if (200..300).contains(status) => None,
             Ok((status, body)) => Some(format!(
                 "answered {status}: {}",
@@ -76,34 +99,6 @@ impl Otlp {
                 tracing::info!("OpenTelemetry: the export to {url} works again")
             }
             _ => {}
-        }
-        answer
-    }
-
-    async fn post_once(
-        &self,
-        url: &str,
-        content_type: &str,
-        headers: Vec<(String, Vec<u8>)>,
-        body: Bytes,
-    ) -> Result<(u16, Vec<u8>), String> {
-        let origin = self.origin(url)?;
-        let content_type = content_type.to_string();
-        let call = async move {
-            let mut req = origin.post_as(body.len(), &content_type);
-            for (name, value) in &headers {
-                req.header(name, value).map_err(|e| e.to_string())?;
-            }
-            let resp = origin.send(req, &body).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((resp.status, resp.body))
-        };
-        let task = self
-            .runtime
-            .spawn(async move { tokio::time::timeout(EXPORT_LIMIT, call).await });
-        match task.await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(format!("no answer within {}s", EXPORT_LIMIT.as_secs())),
-            Err(e) => Err(format!("the export task ended: {e}")),
         }
     }
 }
